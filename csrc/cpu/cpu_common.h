@@ -1,0 +1,30 @@
+// Helpers shared by the CPU kernel files: the accumulation type and parallel loops.
+#pragma once
+#include <ATen/Parallel.h>
+#include <c10/util/BFloat16.h>
+
+#include <type_traits>
+
+#include "fls/common.h"
+
+namespace fls {
+namespace cpu {
+
+// Math type for storage type T: float64 stays float64 (gradcheck), everything else uses float32.
+template <typename T>
+using acc_t = typename std::conditional<std::is_same<T, double>::value, double, float>::type;
+
+// Runs f(begin, end) over [0, n) on torch's intra-op thread pool, in chunks of >= grain items.
+template <typename F>
+inline void parallel_for(int64_t n, int64_t grain, const F& f) {
+  at::parallel_for(0, n, grain, f);
+}
+
+}  // namespace cpu
+}  // namespace fls
+
+// Explicit instantiations of a CPU kernel template for the CPU storage types.
+#define FLS_CPU_INSTANTIATE(MACRO) \
+  MACRO(float)                     \
+  MACRO(double)                    \
+  MACRO(c10::BFloat16)

@@ -1,0 +1,28 @@
+// The Python module fairseq_lightseq._C. Importing it runs the TORCH_LIBRARY registrations of every
+// op file linked into it; build_info() says how it was built.
+#include <Python.h>
+
+#ifndef FLS_CUDA_ARCHS
+#define FLS_CUDA_ARCHS ""
+#endif
+#ifndef FLS_TORCH_VERSION
+#define FLS_TORCH_VERSION ""
+#endif
+
+static PyObject* build_info(PyObject*, PyObject*) {
+#ifdef FLS_WITH_CUDA
+  const int with_cuda = 1;
+#else
+  const int with_cuda = 0;
+#endif
+  return Py_BuildValue("{s:O,s:s,s:s,s:s}", "with_cuda", with_cuda ? Py_True : Py_False, "cuda_archs",
+                       FLS_CUDA_ARCHS, "torch_version", FLS_TORCH_VERSION, "compiler", __VERSION__);
+}
+
+static PyMethodDef methods[] = {
+    {"build_info", build_info, METH_NOARGS, "How the compiled library was built (dict)."},
+    {nullptr, nullptr, 0, nullptr}};
+
+static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_C", "fairseq_lightseq compiled ops", -1, methods};
+
+PyMODINIT_FUNC PyInit__C(void) { return PyModule_Create(&module_def); }

@@ -1,0 +1,69 @@
+"""Loads the compiled library and decides, per op and device, whether its kernel can run.
+
+`import fairseq_lightseq` never fails because the library is missing or lacks CUDA: the ops fall
+back to the reference implementations and say so once (a warning naming the reason).
+"""
+import warnings
+
+import torch
+
+NAMESPACE = "fairseq_lightseq"
+
+try:
+    from fairseq_lightseq import _C  # noqa: F401  (registers the ops)
+
+    BUILD_INFO = dict(_C.build_info())
+    LOAD_ERROR = None
+except ImportError as e:  # not built, or built against another torch
+    _C = None
+    BUILD_INFO = {"with_cuda": False, "cuda_archs": "", "torch_version": "", "compiler": ""}
+    LOAD_ERROR = e
+
+_warned = set()
+
+
+def warn_once(key: str, message: str) -> None:
+    if key not in _warned:
+        _warned.add(key)
+        warnings.warn("fairseq_lightseq: " + message, RuntimeWarning, stacklevel=3)
+
+
+def has_kernel(op: str, device_type: str) -> bool:
+    """Whether the compiled library registered op `op` for device type "cpu" or "cuda"."""
+    if _C is None:
+        return False
+    key = {"cpu": "CPU", "cuda": "CUDA"}.get(device_type)
+    if key is None:
+        return False
+    return torch._C._dispatch_has_kernel_for_dispatch_key(f"{NAMESPACE}::{op}", key)
+
+
+def use_kernel(op: str, device_type: str) -> bool:
+    """True when `op` has a compiled kernel for this device; otherwise warns once and returns False."""
+    if has_kernel(op, device_type):
+        return True
+    if _C is None:
+        warn_once("load", f"compiled library not loaded ({LOAD_ERROR}); using the pure-PyTorch reference ops")
+    else:
+        warn_once(f"{op}:{device_type}", f"no compiled {device_type} kernel for {op}; using the reference op")
+    return False
+
+
+def ops():
+    """torch.ops.fairseq_lightseq."""
+    return getattr(torch.ops, NAMESPACE)
+
+
+def register_fake(op: str):
+    """Decorator registering a shape function (fake/meta kernel) for `op` when the library is loaded,
+    so that the op traces under torch.compile. A no-op otherwise."""
+    def wrap(fn):
+        if _C is not None:
+            torch.library.register_fake(f"{NAMESPACE}::{op}")(fn)
+        return fn
+    return wrap
+
+
+def next_seed() -> int:
+    """A dropout seed drawn from torch's default generator: torch.manual_seed makes runs reproducible."""
+    return int(torch.randint(-(2**63), 2**63 - 1, (), dtype=torch.int64))

@@ -1,0 +1,70 @@
+"""Philox4x32-10 and the dropout mask, in plain PyTorch (int64 tensors holding uint32 values).
+
+Bit-for-bit the generator of csrc/include/fls/philox.h: the keep bit of element e of a draw with
+(seed, offset) depends on (seed, offset + e) only. See that header for the definition.
+"""
+import torch
+
+_M0, _M1 = 0xD2511F53, 0xCD9E8D57
+_W0, _W1 = 0x9E3779B9, 0xBB67AE85
+_U32 = 0xFFFFFFFF
+
+
+def _mulhilo(a: torch.Tensor, m: int):
+    """hi, lo 32-bit words of a * m, for a: int64 tensor of uint32 values, m: uint32 constant.
+
+    The 64-bit product does not fit int64, so m is split into 16-bit halves."""
+    m_lo, m_hi = m & 0xFFFF, m >> 16
+    p0 = a * m_lo  # < 2^48
+    p1 = a * m_hi  # < 2^48; contributes p1 << 16
+    low = p0 + ((p1 & 0xFFFF) << 16)  # < 2^49
+    lo = low & _U32
+    hi = ((p1 >> 16) + (low >> 32)) & _U32
+    return hi, lo
+
+
+def philox4x32_10(c0, c1, c2, c3, k0: int, k1: int):
+    """The four 32-bit outputs for counters (c0..c3: int64 tensors of uint32) and key (k0, k1)."""
+    for r in range(10):
+        if r > 0:
+            k0 = (k0 + _W0) & _U32
+            k1 = (k1 + _W1) & _U32
+        hi0, lo0 = _mulhilo(c0, _M0)
+        hi1, lo1 = _mulhilo(c2, _M1)
+        c0, c1, c2, c3 = hi1 ^ c1 ^ k0, lo1, hi0 ^ c3 ^ k1, lo0
+    return c0, c1, c2, c3
+
+
+def dropout_threshold(p: float) -> int:
+    """floor(p * 2^24): an element is kept iff (philox_u32 >> 8) >= threshold."""
+    if not 0.0 <= p <= 1.0:
+        raise ValueError(f"dropout p must be in [0, 1], got {p}")
+    return int(p * 16777216.0)
+
+
+def keep_mask(numel: int, p: float, seed: int, offset: int = 0, device=None) -> torch.Tensor:
+    """Keep bits [numel] bool of the draw (p, seed, offset) for stream elements offset..offset+numel-1."""
+    if offset < 0:
+        raise ValueError(f"dropout offset must be >= 0, got {offset}")
+    threshold = dropout_threshold(p)
+    e = torch.arange(offset, offset + numel, dtype=torch.int64, device=device)
+    group, lane = e >> 2, e & 3
+    seed &= (1 << 64) - 1
+    zeros = torch.zeros_like(group)
+    outs = philox4x32_10(group & _U32, (group >> 32) & _U32, zeros, zeros, seed & _U32, seed >> 32)
+    u = torch.stack(outs, dim=-1).gather(-1, lane.unsqueeze(-1)).squeeze(-1)
+    return (u >> 8) >= threshold
+
+
+def dropout_scale(p: float) -> float:
+    """Multiplier of kept elements, computed in float32 as the kernels do."""
+    return 0.0 if p >= 1.0 else float(torch.tensor(1.0 / (1.0 - p), dtype=torch.float32))
+
+
+def dropout(x: torch.Tensor, p: float, seed: int, offset: int = 0) -> torch.Tensor:
+    """x * keep / (1 - p) with the Philox mask over x's elements in row-major order; x unchanged
+    when the threshold is 0 (p < 2^-24)."""
+    if dropout_threshold(p) == 0:
+        return x
+    keep = keep_mask(x.numel(), p, seed, offset, x.device).view(x.shape)
+    return x * keep.to(x.dtype) * dropout_scale(p)

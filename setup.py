@@ -1,0 +1,67 @@
+"""Builds fairseq_lightseq and its one compiled library, fairseq_lightseq._C.
+
+CPU kernels are always built (C++17, -O3, OpenMP). CUDA kernels are added when torch has CUDA and
+nvcc is found (CUDA_HOME), for TORCH_CUDA_ARCH_LIST (default "8.0;9.0"). FLS_CUDA=1 forces CUDA on
+(an error if it cannot be built), FLS_CUDA=0 forces it off.
+
+Install with `pip install --no-build-isolation .` after torch: an isolated build would pull
+another torch.
+"""
+import glob
+import os
+
+import torch
+from setuptools import find_packages, setup
+from torch.utils import cpp_extension
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def want_cuda():
+    flag = os.environ.get("FLS_CUDA", "").strip()
+    possible = torch.version.cuda is not None and cpp_extension.CUDA_HOME is not None
+    if flag == "1":
+        if not possible:
+            raise RuntimeError(
+                "FLS_CUDA=1 but CUDA cannot be built: torch.version.cuda=%s, CUDA_HOME=%s"
+                % (torch.version.cuda, cpp_extension.CUDA_HOME))
+        return True
+    if flag == "0":
+        return False
+    return possible
+
+
+def sources(pattern):
+    return sorted(os.path.relpath(p, HERE) for p in glob.glob(os.path.join(HERE, pattern)))
+
+
+def extension():
+    cuda = want_cuda()
+    # C++20: the headers of torch 2.13 use C++20 features (warnings under C++17).
+    cxx = ["-O3", "-std=c++20", "-fopenmp"]
+    defines = [("FLS_TORCH_VERSION", '"%s"' % torch.__version__)]
+    srcs = sources("csrc/module.cpp") + sources("csrc/ops/*.cpp") + sources("csrc/cpu/*.cpp")
+    include_dirs = [os.path.join(HERE, "csrc/include")]
+    if not cuda:
+        return cpp_extension.CppExtension(
+            "fairseq_lightseq._C", srcs, include_dirs=include_dirs, define_macros=defines,
+            extra_compile_args={"cxx": cxx}, extra_link_args=["-fopenmp"])
+    os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "8.0;9.0")
+    defines += [("FLS_WITH_CUDA", None),
+                ("FLS_CUDA_ARCHS", '"%s"' % os.environ["TORCH_CUDA_ARCH_LIST"])]
+    nvcc = ["-O3", "-std=c++17", "-lineinfo"]
+    return cpp_extension.CUDAExtension(
+        "fairseq_lightseq._C", srcs + sources("csrc/cuda/*.cu"), include_dirs=include_dirs,
+        define_macros=defines, extra_compile_args={"cxx": cxx, "nvcc": nvcc}, extra_link_args=["-fopenmp"])
+
+
+setup(
+    name="fairseq_lightseq",
+    version="0.1.0",
+    description="Fused CPU/CUDA ops, model, criterion and optimizer for fairseq Transformer training",
+    packages=find_packages(include=["fairseq_lightseq", "fairseq_lightseq.*"]),
+    python_requires=">=3.9",
+    install_requires=["torch>=2.1", "fairseq"],
+    ext_modules=[extension()],
+    cmdclass={"build_ext": cpp_extension.BuildExtension.with_options(use_ninja=True)},
+)

@@ -1,0 +1,89 @@
+"""layer_norm: the fused kernels against the reference, forward and backward."""
+import pytest
+import torch
+
+from conftest import DEVICE_DTYPES, assert_close, randn
+from fairseq_lightseq import ops
+from fairseq_lightseq.ops import reference
+
+SHAPES = [(1, 1, 8), (3, 5, 512), (7, 1, 1024), (2, 13, 129), (1, 4097), (33, 2, 7)]
+
+
+def _inputs(shape, device, dtype, seed=0):
+    c = shape[-1]
+    x = randn(*shape, dtype=dtype, device=device, seed=seed) * 3 + 1
+    w = randn(c, dtype=dtype, device=device, seed=seed + 1)
+    b = randn(c, dtype=dtype, device=device, seed=seed + 2)
+    return [t.detach().requires_grad_() for t in (x, w, b)]
+
+
+@pytest.mark.parametrize("device,dtype", DEVICE_DTYPES)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_forward_backward_match_reference(device, dtype, shape):
+    x, w, b = _inputs(shape, device, dtype)
+    xr, wr, br = [t.detach().clone().requires_grad_() for t in (x, w, b)]
+    y = ops.layer_norm(x, w, b, 1e-5)
+    yr = reference.layer_norm(xr, wr, br, 1e-5)
+    assert y.dtype == dtype and y.shape == x.shape
+    assert_close(y, yr)
+    dy = randn(*shape, dtype=dtype, device=device, seed=7)
+    y.backward(dy)
+    yr.backward(dy)
+    # Column sums over many rows accumulate more rounding in low precision.
+    assert_close(x.grad, xr.grad, scale=4)
+    assert_close(w.grad, wr.grad, scale=4 * max(1, x.numel() // shape[-1]) ** 0.5)
+    assert_close(b.grad, br.grad, scale=4 * max(1, x.numel() // shape[-1]) ** 0.5)
+
+
+@pytest.mark.parametrize("shape", [(2, 3, 17), (1, 1, 5), (4, 33)])
+def test_gradcheck_float64(shape):
+    x, w, b = _inputs(shape, "cpu", torch.float64)
+    assert torch.autograd.gradcheck(lambda x, w, b: ops.layer_norm(x, w, b, 1e-5), (x, w, b))
+
+
+def test_uses_the_compiled_kernel_on_cpu():
+    assert ops.has_kernel("layer_norm_fwd", "cpu")
+
+
+def test_large_mean_is_stable():
+    x = randn(4, 256, seed=3) + 1e4
+    w, b = torch.ones(256), torch.zeros(256)
+    assert_close(ops.layer_norm(x, w, b), reference.layer_norm(x.double(), w.double(), b.double()).float(),
+                 scale=1000)  # naive E[x^2]-E[x]^2 in fp32 is off by O(1) here
+
+
+def test_zero_rows():
+    x = torch.empty(0, 16, requires_grad=True)
+    w = torch.ones(16, requires_grad=True)
+    b = torch.zeros(16, requires_grad=True)
+    y = ops.layer_norm(x, w, b)
+    y.sum().backward()
+    assert y.shape == (0, 16) and torch.equal(w.grad, torch.zeros(16))
+
+
+@pytest.mark.parametrize(
+    "args,match",
+    [
+        (lambda: (torch.randn(4, 8), torch.randn(7), torch.randn(8)), "weight must have shape"),
+        (lambda: (torch.randn(4, 8), torch.randn(8, dtype=torch.float64), torch.randn(8)), "weight has dtype"),
+        (lambda: (torch.randn(4, 8).int(), torch.randn(8).int(), torch.randn(8).int()), "x must be float32"),
+        (lambda: (torch.randn(4, 0), torch.randn(0), torch.randn(0)), "non-empty last dimension"),
+    ],
+)
+def test_bad_input_names_the_argument(args, match):
+    with pytest.raises(RuntimeError, match=match):
+        ops.layer_norm(*args())
+
+
+def test_bad_eps():
+    with pytest.raises(RuntimeError, match="eps must be > 0"):
+        ops.layer_norm(torch.randn(2, 4), torch.ones(4), torch.zeros(4), 0.0)
+
+
+def test_traces_under_torch_compile_fake_tensors():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        x = torch.empty(3, 5, 64)
+        y, mean, rstd = torch.ops.fairseq_lightseq.layer_norm_fwd(x, torch.empty(64), torch.empty(64), 1e-5)
+    assert y.shape == (3, 5, 64) and mean.shape == (15,) and rstd.dtype == torch.float32
