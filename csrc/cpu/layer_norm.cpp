@@ -1,5 +1,6 @@
 #include "layer_norm.h"
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -15,10 +16,13 @@ void layer_norm_fwd(const T* x, const T* weight, const T* bias, T* y, acc_t<T>* 
       const T* xr = x + r * cols;
       T* yr = y + r * cols;
       // Two passes (mean, then centred squares): stable for inputs with a large mean.
+      // omp simd: lets the compiler reorder (vectorise) the reductions, which strict IEEE forbids.
       A sum = 0;
+#pragma omp simd reduction(+ : sum)
       for (int64_t c = 0; c < cols; ++c) sum += static_cast<A>(xr[c]);
       const A mu = sum / static_cast<A>(cols);
       A sq = 0;
+#pragma omp simd reduction(+ : sq)
       for (int64_t c = 0; c < cols; ++c) {
         const A d = static_cast<A>(xr[c]) - mu;
         sq += d * d;
@@ -38,43 +42,53 @@ template <typename T>
 void layer_norm_bwd(const T* dy, const T* x, const T* weight, const acc_t<T>* mean, const acc_t<T>* rstd, T* dx,
                     T* dweight, T* dbias, int64_t rows, int64_t cols) {
   using A = acc_t<T>;
-  // dx row by row.
-  parallel_for(rows, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) {
-      const T* dyr = dy + r * cols;
-      const T* xr = x + r * cols;
-      const A mu = mean[r], rs = rstd[r];
-      A s_g = 0, s_gx = 0;  // sum(w*dy), sum(w*dy*xhat)
-      for (int64_t c = 0; c < cols; ++c) {
-        const A g = static_cast<A>(dyr[c]) * static_cast<A>(weight[c]);
-        s_g += g;
-        s_gx += g * (static_cast<A>(xr[c]) - mu) * rs;
-      }
-      const A inv_n = A(1) / static_cast<A>(cols);
-      for (int64_t c = 0; c < cols; ++c) {
-        const A g = static_cast<A>(dyr[c]) * static_cast<A>(weight[c]);
-        const A xh = (static_cast<A>(xr[c]) - mu) * rs;
-        dx[r * cols + c] = static_cast<T>(rs * (g - inv_n * s_g - xh * inv_n * s_gx));
+  // One pass over fixed chunks of rows: dx row by row, and each chunk's partial column sums of
+  // dweight/dbias; the partials are then added in chunk order. The chunking does not depend on the
+  // thread count, so neither does the result.
+  constexpr int64_t kChunk = 32;
+  const int64_t chunks = (rows + kChunk - 1) / kChunk;
+  std::vector<A> pw(chunks * cols, A(0)), pb(chunks * cols, A(0));
+  const A inv_n = A(1) / static_cast<A>(cols);
+  parallel_for(chunks, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t k = begin; k < end; ++k) {
+      A* sw = pw.data() + k * cols;
+      A* sb = pb.data() + k * cols;
+      const int64_t r1 = std::min(rows, (k + 1) * kChunk);
+      for (int64_t r = k * kChunk; r < r1; ++r) {
+        const T* dyr = dy + r * cols;
+        const T* xr = x + r * cols;
+        T* dxr = dx + r * cols;
+        const A mu = mean[r], rs = rstd[r];
+        A s_g = 0, s_gx = 0;  // sum(w*dy), sum(w*dy*xhat)
+#pragma omp simd reduction(+ : s_g, s_gx)
+        for (int64_t c = 0; c < cols; ++c) {
+          const A g = static_cast<A>(dyr[c]);
+          const A xh = (static_cast<A>(xr[c]) - mu) * rs;
+          const A gw = g * static_cast<A>(weight[c]);
+          s_g += gw;
+          s_gx += gw * xh;
+          sw[c] += g * xh;
+          sb[c] += g;
+        }
+        s_g *= inv_n;
+        s_gx *= inv_n;
+#pragma omp simd
+        for (int64_t c = 0; c < cols; ++c) {
+          const A xh = (static_cast<A>(xr[c]) - mu) * rs;
+          dxr[c] = static_cast<T>(rs * (static_cast<A>(dyr[c]) * static_cast<A>(weight[c]) - s_g - xh * s_gx));
+        }
       }
     }
   });
-  // dweight/dbias: columns split across threads, each column summed over rows in order, so the
-  // result does not depend on the number of threads.
-  parallel_for(cols, 16, [&](int64_t begin, int64_t end) {
-    std::vector<A> sw(end - begin, A(0)), sb(end - begin, A(0));
-    for (int64_t r = 0; r < rows; ++r) {
-      const T* dyr = dy + r * cols;
-      const T* xr = x + r * cols;
-      const A mu = mean[r], rs = rstd[r];
-      for (int64_t c = begin; c < end; ++c) {
-        const A g = static_cast<A>(dyr[c]);
-        sw[c - begin] += g * (static_cast<A>(xr[c]) - mu) * rs;
-        sb[c - begin] += g;
-      }
-    }
+  parallel_for(cols, 64, [&](int64_t begin, int64_t end) {
     for (int64_t c = begin; c < end; ++c) {
-      dweight[c] = static_cast<T>(sw[c - begin]);
-      dbias[c] = static_cast<T>(sb[c - begin]);
+      A w = 0, b = 0;
+      for (int64_t k = 0; k < chunks; ++k) {
+        w += pw[k * cols + c];
+        b += pb[k * cols + c];
+      }
+      dweight[c] = static_cast<T>(w);
+      dbias[c] = static_cast<T>(b);
     }
   });
 }

@@ -35,7 +35,10 @@ def has_kernel(op: str, device_type: str) -> bool:
     key = {"cpu": "CPU", "cuda": "CUDA"}.get(device_type)
     if key is None:
         return False
-    return torch._C._dispatch_has_kernel_for_dispatch_key(f"{NAMESPACE}::{op}", key)
+    try:
+        return torch._C._dispatch_has_kernel_for_dispatch_key(f"{NAMESPACE}::{op}", key)
+    except RuntimeError:  # no such operator: this build does not have it
+        return False
 
 
 def use_kernel(op: str, device_type: str) -> bool:

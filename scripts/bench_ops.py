@@ -1,0 +1,217 @@
+#!/usr/bin/env python
+"""Times each fused op forward+backward against the pure-PyTorch reference and against the plain
+PyTorch composition a fairseq layer uses, at Transformer-base and -big shapes (4096 tokens).
+
+CPU:  python scripts/bench_ops.py                      (fp32)
+CUDA: python scripts/bench_ops.py --device cuda --dtype fp16 --json out.json
+      also reports each kernel's achieved bandwidth (forward and backward separately) as a
+      fraction of a measured device-to-device copy.
+
+Ratios > 1 mean ours is faster. Inputs are random (never zeros); the same inputs feed all three.
+"""
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+import os
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from fairseq_lightseq import ops  # noqa: E402
+from fairseq_lightseq.ops import reference  # noqa: E402
+
+SHAPES = {
+    "base": dict(tokens=4096, hidden=512, ffn=2048, heads=8, seq=128, vocab=32000),
+    "big": dict(tokens=4096, hidden=1024, ffn=4096, heads=16, seq=128, vocab=32000),
+}
+P = 0.1  # dropout probability used everywhere (fairseq's usual 0.1 attention/activation/residual)
+
+
+def _sync(device):
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def timeit(fn, device, warmup=3, repeats=10):
+    """Median seconds of fn() after warm-up (CUDA events on GPU, perf_counter on CPU)."""
+    for _ in range(warmup):
+        fn()
+    _sync(device)
+    times = []
+    for _ in range(repeats):
+        if device == "cuda":
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            fn()
+            b.record()
+            b.synchronize()
+            times.append(a.elapsed_time(b) / 1e3)
+        else:
+            t = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def fwd_bwd(f, inputs, grad_out):
+    """A closure running f(*inputs) forward and backward with grad_out."""
+    def run():
+        for t in inputs:
+            if isinstance(t, torch.Tensor) and t.requires_grad:
+                t.grad = None
+        out = f(*inputs)
+        out = out[0] if isinstance(out, tuple) else out
+        out.backward(grad_out)
+    return run
+
+
+def cases(s, device, dtype):
+    """(name, inputs, grad_out, ours, reference, composition, bytes_fwd, bytes_bwd) per op."""
+    g = torch.Generator().manual_seed(0)
+
+    def rnd(*shape, grad=True):
+        return torch.randn(*shape, generator=g).to(device=device, dtype=dtype).requires_grad_(grad)
+
+    N, C, Fd, H, T, V = s["tokens"], s["hidden"], s["ffn"], s["heads"], s["seq"], s["vocab"]
+    B = N // T
+    e = torch.finfo(dtype).bits // 8
+    seed = 1234
+    out = []
+
+    x, w, b = rnd(N, C), rnd(C), rnd(C)
+    out.append(("layer_norm", (x, w, b), rnd(N, C, grad=False),
+                lambda x, w, b: ops.layer_norm(x, w, b),
+                lambda x, w, b: reference.layer_norm(x, w, b),
+                lambda x, w, b: F.layer_norm(x, (C,), w, b, 1e-5), 2 * N * C * e, 3 * N * C * e))
+
+    r = rnd(N, C)
+    out.append(("bias_dropout_residual", (x, b, r), rnd(N, C, grad=False),
+                lambda x, b, r: ops.bias_dropout_residual(x, b, r, P),
+                lambda x, b, r: reference.bias_dropout_residual(x, b, r, P, seed),
+                lambda x, b, r: r + F.dropout(x + b, P), 3 * N * C * e, 2 * N * C * e))
+
+    h, hb = rnd(N, Fd), rnd(Fd)
+    for act, fn in (("relu", F.relu), ("gelu", F.gelu)):
+        out.append((f"bias_act_dropout[{act}]", (h, hb), rnd(N, Fd, grad=False),
+                    lambda x, b, act=act: ops.bias_act_dropout(x, b, P, act),
+                    lambda x, b, act=act: reference.bias_act_dropout(x, b, P, act, seed),
+                    lambda x, b, fn=fn: F.dropout(fn(x + b), P), 2 * N * Fd * e, 3 * N * Fd * e))
+
+    sc = rnd(B, H, T, T)
+    kpm = torch.zeros(B, T, dtype=torch.bool, device=device)
+    kpm[:, T - T // 8:] = True  # the last eighth of every row is padding
+    scale = (C // H) ** -0.5
+
+    def softmax_comp(s_):
+        z = (s_ * scale).masked_fill(kpm.view(B, 1, 1, T), float("-inf"))
+        return F.dropout(F.softmax(z, dim=-1, dtype=torch.float32).type_as(s_), P)
+
+    out.append(("attention_softmax_dropout", (sc,), rnd(B, H, T, T, grad=False),
+                lambda s_: ops.attention_softmax_dropout(s_, kpm, False, scale, P),
+                lambda s_: reference.attention_softmax_dropout(s_, kpm, False, scale, P, seed),
+                softmax_comp, 3 * sc.numel() * e, 3 * sc.numel() * e))
+
+    qkv, qb = rnd(T, B, 3 * C), rnd(3 * C)
+
+    def split_comp(t, bias):
+        y = (t + bias).view(T, B * H, 3, C // H)
+        return tuple(y[:, :, i].transpose(0, 1).contiguous() for i in range(3))
+
+    def cat3(f):
+        return lambda *a: torch.cat([y.reshape(-1) for y in f(*a)])
+
+    out.append(("qkv_bias_split", (qkv, qb), rnd(3 * N * C, grad=False),
+                cat3(lambda t, bias: ops.qkv_bias_split(t, bias, H)),
+                cat3(lambda t, bias: reference.qkv_bias_split(t, bias, H)),
+                cat3(split_comp), 2 * 3 * N * C * e, 2 * 3 * N * C * e))
+
+    o = rnd(B * H, T, C // H)
+    out.append(("merge_heads", (o,), rnd(T, B, C, grad=False),
+                lambda t: ops.merge_heads(t, H),
+                lambda t: reference.merge_heads(t, H),
+                lambda t: t.transpose(0, 1).contiguous().view(T, B, C), 2 * N * C * e, 2 * N * C * e))
+
+    tok = torch.randint(2, V, (B, T), generator=g).to(device)
+    tok[:, : T // 8] = 1  # left padding, pad index 1 (fairseq's)
+    W = rnd(V, C)
+    from fairseq.modules.sinusoidal_positional_embedding import SinusoidalPositionalEmbedding
+    pos_table = SinusoidalPositionalEmbedding.get_embedding(T + 2, C, 1).to(device=device, dtype=dtype)
+    positions = reference.make_positions(tok, 1)
+    emb_scale = math.sqrt(C)
+
+    def emb_comp(w_):
+        return F.dropout(emb_scale * F.embedding(tok, w_, 1) + F.embedding(positions, pos_table), P)
+
+    out.append(("embedding", (W,), rnd(B, T, C, grad=False),
+                lambda w_: ops.embedding(tok, w_, pos_table, 1, emb_scale, P),
+                lambda w_: reference.embedding(tok, w_, pos_table, 1, emb_scale, P, seed),
+                emb_comp, 2 * N * C * e, 2 * N * C * e))
+    return out
+
+
+def copy_bandwidth(device, nbytes=1 << 30):
+    """Bytes/s of a device-to-device copy of `nbytes` (read + write counted)."""
+    src = torch.empty(nbytes // 4, dtype=torch.float32, device=device).uniform_()
+    dst = torch.empty_like(src)
+    t = timeit(lambda: dst.copy_(src), device, warmup=3, repeats=20)
+    return 2 * nbytes / t
+
+
+def bandwidth(f, inputs, grad_out, device, nbytes_fwd, nbytes_bwd, copy_bw):
+    """Fraction of copy bandwidth achieved by forward alone and backward alone."""
+    out = f(*inputs)
+    out = out[0] if isinstance(out, tuple) else out
+    t_f = timeit(lambda: f(*inputs), device)
+    leaves = [t for t in inputs if isinstance(t, torch.Tensor) and t.requires_grad]
+    t_b = timeit(lambda: torch.autograd.grad(out, leaves, grad_out, retain_graph=True), device)
+    return nbytes_fwd / t_f / copy_bw, nbytes_bwd / t_b / copy_bw
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    ap.add_argument("--dtype", default="fp32", choices=["fp32", "fp16", "bf16"])
+    ap.add_argument("--shapes", default="base,big")
+    ap.add_argument("--repeats", type=int, default=10)
+    ap.add_argument("--json", help="also write the results here")
+    args = ap.parse_args()
+    dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[args.dtype]
+    device = args.device
+    copy_bw = copy_bandwidth(device) if device == "cuda" else None
+    host = (torch.cuda.get_device_name() if device == "cuda"
+            else f"CPU, {torch.get_num_threads()} threads")
+    print(f"# bench_ops on {host}, torch {torch.__version__}, {args.dtype}, dropout p={P}")
+    if copy_bw:
+        print(f"# device-to-device copy: {copy_bw / 1e9:.0f} GB/s")
+    header = f"{'shape':5s} {'op':28s} {'ours ms':>9s} {'ref ms':>9s} {'comp ms':>9s} {'vs ref':>7s} {'vs comp':>8s}"
+    if copy_bw:
+        header += f" {'fwd BW':>7s} {'bwd BW':>7s}"
+    print(header)
+    rows = []
+    for shape in args.shapes.split(","):
+        for name, inputs, gout, ours, ref, comp, bf, bb in cases(SHAPES[shape], device, dtype):
+            t_o = timeit(fwd_bwd(ours, inputs, gout), device, repeats=args.repeats)
+            t_r = timeit(fwd_bwd(ref, inputs, gout), device, repeats=args.repeats)
+            t_c = timeit(fwd_bwd(comp, inputs, gout), device, repeats=args.repeats)
+            row = dict(shape=shape, op=name, ours_ms=t_o * 1e3, ref_ms=t_r * 1e3, comp_ms=t_c * 1e3,
+                       speedup_vs_ref=t_r / t_o, speedup_vs_comp=t_c / t_o)
+            line = (f"{shape:5s} {name:28s} {t_o * 1e3:9.2f} {t_r * 1e3:9.2f} {t_c * 1e3:9.2f} "
+                    f"{t_r / t_o:6.2f}x {t_c / t_o:7.2f}x")
+            if copy_bw:
+                fb, bbw = bandwidth(ours, inputs, gout, device, bf, bb, copy_bw)
+                row.update(fwd_bw_frac=fb, bwd_bw_frac=bbw)
+                line += f" {fb:6.0%} {bbw:6.0%}"
+            print(line, flush=True)
+            rows.append(row)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(dict(host=host, torch=torch.__version__, dtype=args.dtype, copy_bw=copy_bw, rows=rows), f,
+                      indent=1)
+
+
+if __name__ == "__main__":
+    main()
