@@ -1,0 +1,163 @@
+"""The main job: build a corpus, learn sentencepiece, fairseq-preprocess, fairseq-train
+ls_transformer with ls_label_smoothed_cross_entropy and ls_adam, fairseq-generate the test split,
+score it with sacreBLEU, print BLEU and training tokens/s.
+
+    python -m fairseq_lightseq.demo                       # the embedded corpus (corpus.py)
+    python -m fairseq_lightseq.demo --data DIR            # raw parallel text, e.g. ../shared/data/multi30k
+    python -m fairseq_lightseq.demo --native              # the same with fairseq's transformer/criterion/adam
+
+DIR holds {train,valid|val,test*}.{SRC,TGT}[.gz]. Uses the GPU when there is one, else the CPU.
+"""
+import argparse
+import glob
+import gzip
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+USER_DIR = os.path.dirname(HERE)
+
+
+def step(msg):
+    print(f"\n=== [{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def run(args, log=None):
+    """Runs a command, streaming its output (and teeing it to `log`); fails loudly."""
+    print("$ " + " ".join(args), flush=True)
+    with subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as p:
+        lines = []
+        for line in p.stdout:
+            lines.append(line)
+            if "tensorboardX" not in line:
+                sys.stdout.write(line)
+                sys.stdout.flush()
+        p.wait()
+    if log:
+        with open(log, "w") as f:
+            f.writelines(lines)
+    if p.returncode != 0:
+        sys.exit(f"command failed with exit code {p.returncode}: {' '.join(args)}")
+    return "".join(lines)
+
+
+def _find(data, split_names, lang):
+    for name in split_names:
+        for pat in (f"{name}.{lang}", f"{name}.{lang}.gz", f"{name}_*.{lang}", f"{name}_*.{lang}.gz"):
+            hits = sorted(glob.glob(os.path.join(data, pat)))
+            if hits:
+                return hits[0]
+    raise SystemExit(f"no {'/'.join(split_names)} file for language {lang} in {data}")
+
+
+def import_raw(data, raw, src, tgt):
+    """Copies (and un-gzips) DIR's train/valid/test files into raw/{train,valid,test}.{src,tgt}."""
+    os.makedirs(raw, exist_ok=True)
+    for split, names in (("train", ["train"]), ("valid", ["valid", "val", "dev"]), ("test", ["test"])):
+        for lang in (src, tgt):
+            path = _find(data, names, lang)
+            opener = gzip.open if path.endswith(".gz") else open
+            with opener(path, "rt", encoding="utf-8") as fin, open(os.path.join(raw, f"{split}.{lang}"), "w") as fout:
+                shutil.copyfileobj(fin, fout)
+            print(f"  {split}.{lang} <- {path}")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--data", help="directory of raw parallel text (default: the embedded corpus)")
+    ap.add_argument("--src", default="en")
+    ap.add_argument("--tgt", default="de")
+    ap.add_argument("--workdir", default="demo_work")
+    ap.add_argument("--vocab-size", type=int, help="sentencepiece vocabulary (default 256 embedded, 8000 --data)")
+    ap.add_argument("--max-update", type=int, default=1200)
+    ap.add_argument("--max-tokens", type=int, default=4096)
+    ap.add_argument("--native", action="store_true", help="fairseq's own transformer, criterion and adam")
+    ap.add_argument("--seed", type=int, default=1)
+    args = ap.parse_args()
+
+    import sentencepiece as spm
+
+    t0 = time.time()
+    work = os.path.abspath(args.workdir)
+    raw, spm_dir, bin_dir = (os.path.join(work, d) for d in ("raw", "spm", "data-bin"))
+    ckpt = os.path.join(work, "checkpoints-native" if args.native else "checkpoints")
+    for d in (spm_dir, ckpt):
+        shutil.rmtree(d, ignore_errors=True)
+    shutil.rmtree(bin_dir, ignore_errors=True)
+    src, tgt = args.src, args.tgt
+
+    step("1/6 corpus")
+    if args.data:
+        import_raw(args.data, raw, src, tgt)
+    else:
+        from fairseq_lightseq.demo.corpus import write_corpus
+
+        print(f"  embedded corpus: {write_corpus(raw)} pairs (fairseq_lightseq/demo/corpus.py)")
+
+    step("2/6 sentencepiece (joint unigram model)")
+    os.makedirs(spm_dir)
+    spm.SentencePieceTrainer.train(
+        input=",".join(os.path.join(raw, f"train.{l}") for l in (src, tgt)), model_prefix=os.path.join(spm_dir, "spm"),
+        vocab_size=args.vocab_size or (8000 if args.data else 256), hard_vocab_limit=False, character_coverage=1.0, model_type="unigram", bos_id=-1, eos_id=-1,
+        minloglevel=2, input_sentence_size=200000, shuffle_input_sentence=True)
+    sp = spm.SentencePieceProcessor(model_file=os.path.join(spm_dir, "spm.model"))
+    for split in ("train", "valid", "test"):
+        for l in (src, tgt):
+            with open(os.path.join(raw, f"{split}.{l}")) as f, open(os.path.join(spm_dir, f"{split}.{l}"), "w") as g:
+                for line in f:
+                    g.write(" ".join(sp.encode(line.strip(), out_type=str)) + "\n")
+
+    step("3/6 fairseq-preprocess")
+    py = sys.executable
+    run([py, "-m", "fairseq_cli.preprocess", "--source-lang", src, "--target-lang", tgt,
+         "--trainpref", f"{spm_dir}/train", "--validpref", f"{spm_dir}/valid", "--testpref", f"{spm_dir}/test",
+         "--destdir", bin_dir, "--joined-dictionary", "--workers", "2"])
+
+    step("4/6 fairseq-train " + ("(native fairseq)" if args.native else "(fairseq_lightseq)"))
+    cuda = torch.cuda.is_available()
+    arch, crit, opt = (("transformer", "label_smoothed_cross_entropy", "adam") if args.native else
+                       ("ls_transformer", "ls_label_smoothed_cross_entropy", "ls_adam"))
+    train_log = os.path.join(work, "train-native.log" if args.native else "train.log")
+    t_train = time.time()
+    run([py, "-m", "fairseq_cli.train", bin_dir, "--user-dir", USER_DIR, "--arch", arch,
+         "--encoder-layers", "3", "--decoder-layers", "3", "--encoder-embed-dim", "256", "--decoder-embed-dim", "256",
+         "--encoder-ffn-embed-dim", "512", "--decoder-ffn-embed-dim", "512", "--encoder-attention-heads", "4",
+         "--decoder-attention-heads", "4", "--share-all-embeddings", "--dropout", "0.1",
+         "--criterion", crit, "--label-smoothing", "0.1", "--optimizer", opt, "--adam-betas", "(0.9, 0.98)",
+         "--lr", "1e-3", "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "300", "--clip-norm", "1.0",
+         "--max-tokens", str(args.max_tokens), "--max-update", str(args.max_update), "--seed", str(args.seed),
+         "--save-dir", ckpt, "--no-epoch-checkpoints", "--log-format", "simple", "--log-interval", "50",
+         "--validate-interval-updates", "400", "--num-workers", "0"]
+        + (["--fp16"] if cuda else ["--cpu"]), log=train_log)
+    train_s = time.time() - t_train
+    wps = [float(m) for m in re.findall(r"\| wps (\d+(?:\.\d+)?)", open(train_log).read())]
+
+    step("5/6 fairseq-generate (beam 4) on the test split")
+    gen = run([py, "-m", "fairseq_cli.generate", bin_dir, "--user-dir", USER_DIR, "--path",
+               os.path.join(ckpt, "checkpoint_last.pt"), "--gen-subset", "test", "--beam", "4",
+               "--batch-size", "128", "--remove-bpe", "sentencepiece", "--nbest", "1"]
+              + ([] if cuda else ["--cpu"]), log=os.path.join(work, "generate.log"))
+    hyps = {int(m.group(1)): m.group(2) for m in re.finditer(r"^D-(\d+)\t[^\t]*\t(.*)$", gen, re.M)}
+    with open(os.path.join(raw, f"test.{tgt}")) as f:
+        refs = [l.strip() for l in f]
+    if len(hyps) != len(refs):
+        sys.exit(f"fairseq-generate produced {len(hyps)} hypotheses for {len(refs)} references")
+
+    step("6/6 sacreBLEU")
+    import sacrebleu
+
+    bleu = sacrebleu.corpus_bleu([hyps[i] for i in range(len(refs))], [refs])
+    print(f"  {bleu}")
+    print(f"\nRESULT  {'native' if args.native else 'fairseq_lightseq'}  BLEU {bleu.score:.2f}  "
+          f"train tokens/s (last logged wps) {wps[-1] if wps else float('nan'):.0f}  "
+          f"train time {train_s:.0f}s  total {time.time() - t0:.0f}s  device {'cuda' if cuda else 'cpu'}")
+
+
+if __name__ == "__main__":
+    main()
