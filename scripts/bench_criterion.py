@@ -57,6 +57,9 @@ def _rss_bytes():
 
 def run_case(case, device, dtype, n, V, d, chunk, iters):
     """Runs one case in this process; returns {"ms": per-step time, "peak_mb": peak growth}."""
+    import fairseq.criterions.label_smoothed_cross_entropy  # noqa: F401  (imports outside the timing)
+    import fairseq_lightseq.ops  # noqa: F401
+
     dtype = getattr(torch, dtype)
     g = torch.Generator().manual_seed(0)
     target = torch.randint(0, V, (n,), generator=g)
