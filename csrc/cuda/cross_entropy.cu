@@ -1,0 +1,115 @@
+// Label-smoothed cross entropy forward/backward: one block per row, any V (strided loops). The
+// forward is a single pass over the row with per-thread online max / exp-sum / (max - z) sums,
+// merged across the block; the backward recomputes p_v = exp(z_v - lse) from the saved lse.
+#include "cross_entropy.h"
+#include "dtype.cuh"
+#include "fls/label_smoothing.h"
+
+namespace fls {
+namespace cuda {
+namespace {
+
+constexpr int kThreads = 256;
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads) ls_xent_fwd_kernel(const T* __restrict__ logits,
+                                                               const int64_t* __restrict__ target,
+                                                               float* __restrict__ loss, float* __restrict__ nll,
+                                                               float* __restrict__ lse, int64_t V, LsCoef<float> c,
+                                                               int64_t ignore_index) {
+  __shared__ float scratch[32];
+  const int64_t row = blockIdx.x;
+  const int64_t t = target[row];
+  if (t == ignore_index) {  // uniform over the block: no thread reaches a barrier
+    if (threadIdx.x == 0) loss[row] = nll[row] = lse[row] = 0.f;
+    return;
+  }
+  const T* z = logits + row * V;
+  // Per-thread running max m, s = sum exp(z - m), d = sum (m - z), over cnt elements.
+  float m = -INFINITY, s = 0.f, d = 0.f, cnt = 0.f;
+  int64_t v = threadIdx.x;
+  if (v < V) {
+    m = to_float(z[v]);
+    s = 1.f;
+    cnt = 1.f;
+    v += blockDim.x;
+  }
+  for (; v < V; v += blockDim.x) {
+    const float x = to_float(z[v]);
+    if (x > m) {
+      s = s * __expf(m - x) + 1.f;
+      d += cnt * (x - m);
+      m = x;
+    } else {
+      s += __expf(x - m);
+      d += m - x;
+    }
+    cnt += 1.f;
+  }
+  const float M = block_max(m, scratch);
+  // Threads without elements (V < blockDim.x) contribute nothing (avoids 0 * inf).
+  const float s_part = cnt > 0.f ? s * __expf(m - M) : 0.f;
+  const float d_part = cnt > 0.f ? d + cnt * (M - m) : 0.f;
+  const float S = block_sum(s_part, scratch);
+  const float D = block_sum(d_part, scratch);
+  if (threadIdx.x == 0) {
+    const float log_s = logf(S);
+    float l, n;
+    ls_row_loss<float>(c, log_s, D, M, to_float(z[t]), &l, &n);
+    loss[row] = l;
+    nll[row] = n;
+    lse[row] = M + log_s;
+  }
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads) ls_xent_bwd_kernel(const float* __restrict__ dloss,
+                                                               const float* __restrict__ dnll, const T* logits,
+                                                               const int64_t* __restrict__ target,
+                                                               const float* __restrict__ lse, T* dlogits, int64_t V,
+                                                               LsCoef<float> c, int64_t ignore_index) {
+  // logits and dlogits may alias: no __restrict__; every element is read and then written by
+  // the same thread.
+  const int64_t row = blockIdx.x;
+  const int64_t t = target[row];
+  T* g = dlogits + row * V;
+  if (t == ignore_index) {
+    for (int64_t v = threadIdx.x; v < V; v += blockDim.x) g[v] = from_float<T>(0.f);
+    return;
+  }
+  const T* z = logits + row * V;
+  const float l = lse[row];
+  const LsGradCoef<float> gc = ls_grad_coef<float>(c, dloss[row], dnll[row]);
+  for (int64_t v = threadIdx.x; v < V; v += blockDim.x) {
+    const float p = __expf(to_float(z[v]) - l);
+    const float r = ls_grad<float>(gc, p) - (v == t ? gc.c_t : 0.f);
+    g[v] = from_float<T>(r);
+  }
+}
+
+}  // namespace
+
+int ls_cross_entropy_fwd(DType dt, const void* logits, const int64_t* target, float* loss, float* nll, float* lse,
+                         int64_t rows, int64_t V, double epsilon, int64_t ignore_index, void* stream) {
+  if (rows == 0) return 0;
+  auto s = static_cast<cudaStream_t>(stream);
+  const LsCoef<float> c = ls_coef<float>(epsilon, V);
+  FLS_CUDA_DISPATCH(dt, ls_xent_fwd_kernel<scalar_t><<<static_cast<unsigned>(rows), kThreads, 0, s>>>(
+                            static_cast<const scalar_t*>(logits), target, loss, nll, lse, V, c, ignore_index));
+  FLS_CUDA_RETURN_LAST_ERROR();
+}
+
+int ls_cross_entropy_bwd(DType dt, const float* dloss, const float* dnll, const void* logits, const int64_t* target,
+                         const float* lse, void* dlogits, int64_t rows, int64_t V, double epsilon,
+                         int64_t ignore_index, void* stream) {
+  if (rows == 0) return 0;
+  auto s = static_cast<cudaStream_t>(stream);
+  const LsCoef<float> c = ls_coef<float>(epsilon, V);
+  FLS_CUDA_DISPATCH(dt, ls_xent_bwd_kernel<scalar_t><<<static_cast<unsigned>(rows), kThreads, 0, s>>>(
+                            dloss, dnll, static_cast<const scalar_t*>(logits), target, lse,
+                            static_cast<scalar_t*>(dlogits), V, c, ignore_index));
+  FLS_CUDA_RETURN_LAST_ERROR();
+}
+
+}  // namespace cuda
+}  // namespace fls

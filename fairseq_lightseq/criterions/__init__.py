@@ -1,0 +1,2 @@
+"""fairseq criterions of fairseq_lightseq (registered on import)."""
+from . import ls_label_smoothed_cross_entropy  # noqa: F401

@@ -1,0 +1,219 @@
+"""label_smoothed_cross_entropy and its linear (chunked projection) form: the fused kernels against
+the reference (fairseq's formula), forward and backward."""
+import pytest
+import torch
+
+from conftest import DEVICE_DTYPES, assert_close, randn
+from fairseq_lightseq import ops
+from fairseq_lightseq.ops import reference
+from fairseq_lightseq.ops.cross_entropy import LabelSmoothedCrossEntropyFunction
+
+PAD = 1
+SHAPES = [(1, 7), (13, 7), (9, 129), (5, 32003), (1, 1)]
+
+
+def _stat(dtype):
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _target(n, V, device, seed=0, pad_every=4):
+    g = torch.Generator().manual_seed(seed)
+    t = torch.randint(0, V, (n,), generator=g)
+    if n > 1:
+        t[::pad_every] = PAD if V > PAD else 0  # some padding rows (or plain targets when V == 1)
+    return t.to(device)
+
+
+def _run(fn, logits, target, eps, dloss, dnll):
+    z = logits.detach().clone().requires_grad_()
+    loss, nll = fn(z, target, eps, PAD)
+    (loss * dloss + nll * dnll).sum().backward()
+    return loss, nll, z.grad
+
+
+@pytest.mark.parametrize("device,dtype", DEVICE_DTYPES)
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("eps", [0.0, 0.1])
+def test_forward_backward_match_reference(device, dtype, shape, eps):
+    n, V = shape
+    logits = randn(n, V, dtype=dtype, device=device, seed=1) * 4
+    target = _target(n, V, device)
+    dloss = randn(n, dtype=_stat(dtype), device=device, seed=2)
+    dnll = randn(n, dtype=_stat(dtype), device=device, seed=3)
+    loss, nll, grad = _run(ops.label_smoothed_cross_entropy, logits, target, eps, dloss, dnll)
+    # The reference sees the same (rounded) logits, computed in fp32/fp64.
+    rl, rn, rg = _run(reference.label_smoothed_cross_entropy, logits, target, eps, dloss, dnll)
+    assert loss.dtype == _stat(dtype) and nll.dtype == _stat(dtype) and grad.dtype == dtype
+    fp_tol = torch.float64 if dtype == torch.float64 else torch.float32
+    assert_close(loss, rl, dtype=fp_tol, scale=10)  # both fp32 math; sums of V terms
+    assert_close(nll, rn, dtype=fp_tol, scale=10)
+    assert_close(grad, rg, scale=2)
+    pad = target.eq(PAD)
+    assert torch.all(loss[pad] == 0) and torch.all(nll[pad] == 0) and torch.all(grad[pad] == 0)
+
+
+@pytest.mark.parametrize("device,dtype", DEVICE_DTYPES)
+def test_large_vocab_smoothing_sum_is_accurate(device, dtype):
+    """V = 250k: the smoothing sum has no V*lse - sum(z) cancellation (checked against float64)."""
+    logits = randn(3, 250_001, dtype=dtype, device=device, seed=4) * 3
+    target = torch.tensor([0, 250_000, 77], device=device)
+    loss, nll = ops.label_smoothed_cross_entropy(logits, target, 0.1, PAD)
+    rl, rn = reference.label_smoothed_cross_entropy(logits.double(), target, 0.1, PAD)
+    torch.testing.assert_close(loss.double(), rl, rtol=2e-6, atol=2e-5)
+    torch.testing.assert_close(nll.double(), rn, rtol=2e-6, atol=2e-5)
+
+
+@pytest.mark.parametrize("device,dtype", DEVICE_DTYPES)
+def test_all_padding_gives_zero_loss_and_grad(device, dtype):
+    logits = (randn(6, 33, dtype=dtype, device=device, seed=5) * 1e4).requires_grad_()
+    target = torch.full((6,), PAD, device=device)
+    loss, nll = ops.label_smoothed_cross_entropy(logits, target, 0.1, PAD)
+    (loss.sum() + nll.sum()).backward()
+    assert torch.all(loss == 0) and torch.all(nll == 0)
+    assert torch.all(logits.grad == 0) and not torch.isnan(logits.grad).any()
+
+
+@pytest.mark.parametrize("device,dtype", DEVICE_DTYPES)
+def test_only_loss_used_gives_loss_gradient(device, dtype):
+    """nll unused (the criterion's case): its gradient is None, treated as zero."""
+    logits = randn(7, 129, dtype=dtype, device=device, seed=6)
+    target = _target(7, 129, device)
+    z = logits.detach().clone().requires_grad_()
+    ops.label_smoothed_cross_entropy(z, target, 0.1, PAD)[0].sum().backward()
+    zr = logits.detach().clone().requires_grad_()
+    reference.label_smoothed_cross_entropy(zr, target, 0.1, PAD)[0].sum().backward()
+    assert_close(z.grad, zr.grad, scale=2)
+
+
+def test_leading_dims_are_flattened():
+    logits = randn(2, 3, 11, seed=7)
+    target = _target(6, 11, "cpu").view(2, 3)
+    loss, nll = ops.label_smoothed_cross_entropy(logits, target, 0.1, PAD)
+    rl, rn = reference.label_smoothed_cross_entropy(logits, target, 0.1, PAD)
+    assert loss.shape == (2, 3)
+    assert_close(loss, rl) and assert_close(nll, rn)
+
+
+@pytest.mark.parametrize("shape", [(5, 7), (3, 129), (1, 2)])
+@pytest.mark.parametrize("eps", [0.0, 0.1])
+def test_gradcheck_float64(shape, eps):
+    n, V = shape
+    logits = randn(n, V, dtype=torch.float64, seed=8).requires_grad_()
+    target = _target(n, V, "cpu", pad_every=3)
+    assert torch.autograd.gradcheck(lambda z: LabelSmoothedCrossEntropyFunction.apply(z, target, eps, PAD), (logits,))
+
+
+def test_uses_the_compiled_kernel_on_cpu():
+    assert ops.has_kernel("label_smoothed_cross_entropy_fwd", "cpu")
+    assert ops.has_kernel("label_smoothed_cross_entropy_bwd", "cpu")
+
+
+# ---- linear_label_smoothed_cross_entropy (chunked projection + loss) ----
+
+def _linear_inputs(n, d, V, dtype, device, seed=10):
+    h = randn(n, d, dtype=dtype, device=device, seed=seed)
+    w = randn(V, d, dtype=dtype, device=device, seed=seed + 1) * 0.3
+    return h, w, _target(n, V, device, seed=seed + 2, pad_every=5)
+
+
+def _run_linear(fn, h, w, target, dloss=None, dnll=None, **kw):
+    h = h.detach().clone().requires_grad_()
+    w = w.detach().clone().requires_grad_()
+    loss, nll = fn(h, w, target, 0.1, PAD, **kw)
+    if dloss is None:
+        (loss.sum() * 3.0).backward()  # a uniform upstream gradient: the stored-gradient path
+    else:
+        (loss * dloss + nll * dnll).sum().backward()  # per-token gradients: the recompute path
+    return loss, nll, h.grad, w.grad
+
+
+@pytest.mark.parametrize("device,dtype", DEVICE_DTYPES)
+@pytest.mark.parametrize("chunk", [1, 4, 4096])
+@pytest.mark.parametrize("per_token", [False, True])
+def test_linear_matches_reference(device, dtype, chunk, per_token):
+    n, d, V = 11, 24, 129
+    h, w, target = _linear_inputs(n, d, V, dtype, device)
+    kw = {}
+    if per_token:
+        kw = dict(dloss=randn(n, dtype=_stat(dtype), device=device, seed=20),
+                  dnll=randn(n, dtype=_stat(dtype), device=device, seed=21))
+    out = _run_linear(ops.linear_label_smoothed_cross_entropy, h, w, target, chunk_size=chunk, **kw)
+    ref = _run_linear(reference.linear_label_smoothed_cross_entropy, h, w, target, **kw)
+    fp_tol = torch.float64 if dtype == torch.float64 else torch.float32
+    low = dtype in (torch.float16, torch.bfloat16)
+    # low precision: the reference rounds the full logits once, we round chunk by chunk the same way,
+    # but the matmuls' accumulation order differs.
+    assert_close(out[0], ref[0], dtype=dtype if low else fp_tol, scale=10)
+    assert_close(out[1], ref[1], dtype=dtype if low else fp_tol, scale=10)
+    assert_close(out[2], ref[2], scale=4)
+    assert_close(out[3], ref[3], scale=4 * (n ** 0.5))
+
+
+def test_linear_gradcheck_float64():
+    h, w, target = _linear_inputs(6, 5, 7, torch.float64, "cpu")
+    h.requires_grad_()
+    w.requires_grad_()
+    fn = ops.linear_label_smoothed_cross_entropy
+    # per-token gradients (gradcheck's random upstream grads) exercise the recompute path
+    assert torch.autograd.gradcheck(lambda h, w: fn(h, w, target, 0.1, PAD, chunk_size=4), (h, w))
+    # a scalar sum exercises the stored-gradient path
+    assert torch.autograd.gradcheck(lambda h, w: fn(h, w, target, 0.1, PAD, chunk_size=4)[0].sum(), (h, w))
+
+
+def test_linear_all_padding():
+    h, w, _ = _linear_inputs(5, 8, 13, torch.float32, "cpu")
+    target = torch.full((5,), PAD)
+    loss, nll, dh, dw = _run_linear(ops.linear_label_smoothed_cross_entropy, h, w, target, chunk_size=2)
+    assert torch.all(loss == 0) and torch.all(dh == 0) and torch.all(dw == 0)
+
+
+def test_linear_without_grad_skips_gradient_work():
+    h, w, target = _linear_inputs(5, 8, 13, torch.float32, "cpu")
+    with torch.no_grad():
+        loss, _ = ops.linear_label_smoothed_cross_entropy(h, w, target, 0.1, PAD, chunk_size=2)
+    assert_close(loss, reference.linear_label_smoothed_cross_entropy(h, w, target, 0.1, PAD)[0])
+
+
+# ---- bad input ----
+
+@pytest.mark.parametrize(
+    "make,match",
+    [
+        (lambda: (torch.randn(4, 10), torch.tensor([0, 3, 10, PAD])), r"target\[2\] = 10 is out of range for V = 10"),
+        (lambda: (torch.randn(4, 10), torch.tensor([0, -5, 2, PAD])), r"target\[1\] = -5 is out of range for V = 10"),
+        (lambda: (torch.randn(4, 10), torch.tensor([0, 1, 2, 3], dtype=torch.int32)), "target must be int64"),
+        (lambda: (torch.randn(4, 10), torch.tensor([0, 1, 2])), "target must have shape"),
+        (lambda: (torch.randn(4, 10).int(), torch.tensor([0, 1, 2, 3])), "logits must be float32"),
+        (lambda: (torch.randn(4, 0), torch.tensor([0, 1, 2, 3])), "V >= 1"),
+    ],
+)
+def test_bad_input_names_the_argument(make, match):
+    logits, target = make()
+    with pytest.raises(RuntimeError, match=match):
+        torch.ops.fairseq_lightseq.label_smoothed_cross_entropy_fwd(logits, target, 0.1, PAD)
+
+
+def test_bad_epsilon():
+    with pytest.raises(RuntimeError, match=r"epsilon must be in \[0, 1\]"):
+        ops.label_smoothed_cross_entropy(torch.randn(2, 5), torch.tensor([0, 1]), 1.5, PAD)
+
+
+def test_linear_bad_input():
+    h, w, t = _linear_inputs(4, 8, 13, torch.float32, "cpu")
+    with pytest.raises(ValueError, match="chunk_size must be >= 1"):
+        ops.linear_label_smoothed_cross_entropy(h, w, t, 0.1, PAD, chunk_size=0)
+    with pytest.raises(ValueError, match=r"hidden must be \[N, d\] and weight \[V, d\]"):
+        ops.linear_label_smoothed_cross_entropy(h, w[:, :5], t, 0.1, PAD)
+    with pytest.raises(RuntimeError, match="out of range for V = 13"):
+        ops.linear_label_smoothed_cross_entropy(h, w, torch.tensor([0, 1, 99, 2]), 0.1, PAD)
+
+
+def test_traces_under_fake_tensors():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        z = torch.empty(6, 50, dtype=torch.bfloat16)
+        t = torch.empty(6, dtype=torch.long)
+        loss, nll, lse = torch.ops.fairseq_lightseq.label_smoothed_cross_entropy_fwd(z, t, 0.1, PAD)
+        dz = torch.ops.fairseq_lightseq.label_smoothed_cross_entropy_bwd(loss, nll, z, t, lse, 0.1, PAD)
+    assert loss.shape == (6,) and lse.dtype == torch.float32 and dz.shape == (6, 50) and dz.dtype == torch.bfloat16
