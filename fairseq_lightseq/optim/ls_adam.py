@@ -32,7 +32,7 @@ class LSAdamConfig(FairseqDataclass):
     amsgrad: bool = field(default=False, metadata={"help": "not supported by ls_adam (an error if set)"})
     use_old_adam: bool = field(default=False, metadata={"help": "ignored (accepted for fairseq adam compatibility)"})
     fp16_adam_stats: bool = field(default=False, metadata={"help": "not supported by ls_adam (an error if set)"})
-    tpu: bool = II("common.tpu")
+    tpu: bool = II("common.tpu")  # accepted; see LSAdam.__init__
     lr: List[float] = II("optimization.lr")
 
 
@@ -44,8 +44,10 @@ class FusedAdam(torch.optim.Optimizer):
     grads fp32/fp16/bf16. State per param: `step` (int), `exp_avg`, `exp_avg_sq` (fp32).
     """
 
-    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, amsgrad=False):
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, amsgrad=False,
+                 step_with_scale=True):
         _reject_amsgrad(amsgrad)
+        self.supports_step_with_scale = step_with_scale
         if not 0.0 <= lr:
             raise ValueError(f"ls_adam: lr must be >= 0, got {lr}")
         if not (0.0 <= betas[0] < 1.0 and 0.0 <= betas[1] < 1.0):
@@ -59,9 +61,8 @@ class FusedAdam(torch.optim.Optimizer):
     # Capabilities fairseq's wrappers query (FP16Optimizer / MemoryEfficientFP16Optimizer).
     supports_memory_efficient_fp16 = True
     supports_flat_params = True
-    # step(scale=s) divides the grads by s inside the kernel: FP16Optimizer then skips its separate
-    # unscaling pass over all gradients.
-    supports_step_with_scale = True
+    # supports_step_with_scale (set per instance): step(scale=s) divides the grads by s inside the
+    # kernel, so FP16Optimizer skips its separate unscaling pass over all gradients.
 
     @torch.no_grad()
     def step(self, closure=None, scale=1.0):
@@ -119,9 +120,13 @@ class LSAdam(FairseqOptimizer):
         _reject_amsgrad(getattr(cfg, "amsgrad", False))
         if getattr(cfg, "fp16_adam_stats", False):
             raise ValueError("ls_adam keeps Adam statistics in fp32; --fp16-adam-stats is not supported")
-        if getattr(cfg, "tpu", False):
-            raise ValueError("ls_adam has no TPU kernel; use --optimizer adam on TPU")
-        self._optimizer = FusedAdam(params, **self.optimizer_config)
+        # cfg.tpu is ignored: fairseq sets it for every --bf16 run. Tensors on a device without a
+        # compiled kernel (e.g. XLA) are updated by the reference op (with a one-time warning).
+        # fairseq's FP16Optimizer without a loss scaler (--bf16) never resets its multiply factor
+        # after a step-with-scale, so the clip factor would compound over steps: under --bf16
+        # (which fairseq marks with cfg.tpu) let it unscale the grads itself.
+        self._optimizer = FusedAdam(params, **self.optimizer_config,
+                                    step_with_scale=not getattr(cfg, "tpu", False))
 
     @property
     def optimizer_config(self):
