@@ -1,5 +1,6 @@
 """fairseq_lightseq: fused Transformer training for fairseq (`--user-dir fairseq_lightseq`)."""
 from . import ops  # noqa: F401
 from . import criterions  # noqa: F401
+from . import optim  # noqa: F401
 
 __version__ = "0.1.0"
