@@ -77,6 +77,7 @@ def test_training_loss_decreases(trained):
     _, losses = trained
     assert len(losses) >= 25, losses
     first, last = sum(losses[:3]) / 3, sum(losses[-3:]) / 3
+    print(f"train loss: first 3 updates {first:.3f}, last 3 {last:.3f}")
     assert last < first - 0.3, (first, last)
 
 
