@@ -1,6 +1,13 @@
-"""fairseq_lightseq: fused Transformer training for fairseq (`--user-dir fairseq_lightseq`)."""
+"""fairseq_lightseq: fused Transformer training for fairseq (`--user-dir fairseq_lightseq`).
+
+Importing the package registers with fairseq the model `ls_transformer` (and its architectures),
+the criterion `ls_label_smoothed_cross_entropy` and the optimizer `ls_adam`, and allows the classes
+fairseq checkpoints contain for torch's weights_only loading (checkpoint_safety).
+"""
 from . import ops  # noqa: F401
+from . import checkpoint_safety  # noqa: F401
 from . import criterions  # noqa: F401
+from . import models  # noqa: F401
 from . import optim  # noqa: F401
 
 __version__ = "0.1.0"

@@ -1,0 +1,95 @@
+"""`ls_transformer`: fairseq's transformer with the fused-op encoder and decoder.
+
+Same command-line arguments, architectures (`ls_<fairseq arch name>`, using fairseq's own arch
+functions, hence the same defaults) and state_dict as fairseq's `transformer`, so checkpoints
+interchange (scripts/convert_checkpoint.py only rewrites the recorded model/arch names).
+"""
+from fairseq.models import register_model, register_model_architecture
+from fairseq.models.transformer import TransformerModel
+from fairseq.models.transformer import transformer_legacy as fs
+
+from ..modules.transformer import LSTransformerDecoder, LSTransformerEncoder
+from ..modules.transformer_layer import ACTIVATIONS
+
+
+def check_supported(args) -> None:
+    """Raise ValueError naming the first fairseq option ls_transformer does not implement."""
+    def get(name, default=None):
+        return getattr(args, name, default)
+
+    unsupported = [
+        ("--adaptive-softmax-cutoff", get("adaptive_softmax_cutoff") is not None),
+        ("--adaptive-input", bool(get("adaptive_input"))),
+        ("--tie-adaptive-weights", bool(get("tie_adaptive_weights"))),
+        ("--quant-noise-pq", (get("quant_noise_pq") or 0) > 0),
+        ("--quant-noise-scalar", (get("quant_noise_scalar") or 0) > 0),
+        ("--encoder-layerdrop", (get("encoder_layerdrop") or 0) > 0),
+        ("--decoder-layerdrop", (get("decoder_layerdrop") or 0) > 0),
+        ("--cross-self-attention", bool(get("cross_self_attention"))),
+        ("--checkpoint-activations", bool(get("checkpoint_activations"))),
+        ("--offload-activations", bool(get("offload_activations"))),
+        ("--base-layers", (get("base_layers") or 0) > 0),
+        ("--encoder-xformers-att-config", get("encoder_xformers_att_config") is not None),
+        ("--decoder-xformers-att-config", get("decoder_xformers_att_config") is not None),
+        ("--scale-attn/--scale-fc/--scale-heads/--scale-resids (normformer)",
+         any(bool(get(n)) for n in ("scale_attn", "scale_fc", "scale_heads", "scale_resids"))),
+        ("--alignment-heads/--alignment-layer (transformer_align)",
+         get("alignment_heads") is not None or get("alignment_layer") is not None),
+    ]
+    for option, bad in unsupported:
+        if bad:
+            raise ValueError(f"ls_transformer does not support {option}; use --arch transformer for it")
+    act = str(get("activation_fn", "relu"))
+    if act not in ACTIVATIONS:
+        raise ValueError(f"ls_transformer does not support --activation-fn {act}; "
+                         f"supported: {', '.join(ACTIVATIONS)}")
+
+
+@register_model("ls_transformer")
+class LSTransformerModel(TransformerModel):
+    """fairseq's TransformerModel (legacy argparse API) whose encoder and decoder run the fused ops."""
+
+    @classmethod
+    def hub_models(cls):
+        return {}
+
+    @classmethod
+    def build_model(cls, args, task):
+        fs.base_architecture(args)
+        check_supported(args)
+        return super().build_model(args, task)
+
+    @classmethod
+    def build_encoder(cls, cfg, src_dict, embed_tokens):
+        return LSTransformerEncoder(cfg, src_dict, embed_tokens)
+
+    @classmethod
+    def build_decoder(cls, cfg, tgt_dict, embed_tokens):
+        return LSTransformerDecoder(cfg, tgt_dict, embed_tokens,
+                                    no_encoder_attn=getattr(cfg, "no_cross_attention", False))
+
+
+# Architectures: ls_<name> has exactly the defaults of fairseq's <name> (its own function is called).
+ARCHITECTURES = {
+    "ls_transformer": fs.base_architecture,
+    "ls_transformer_tiny": fs.tiny_architecture,
+    "ls_transformer_iwslt_de_en": fs.transformer_iwslt_de_en,
+    "ls_transformer_wmt_en_de": fs.transformer_wmt_en_de,
+    "ls_transformer_vaswani_wmt_en_de_big": fs.transformer_vaswani_wmt_en_de_big,
+    "ls_transformer_vaswani_wmt_en_fr_big": fs.transformer_vaswani_wmt_en_fr_big,
+    "ls_transformer_wmt_en_de_big": fs.transformer_wmt_en_de_big,
+    "ls_transformer_wmt_en_de_big_t2t": fs.transformer_wmt_en_de_big_t2t,
+}
+
+
+def _register(arch_name, fairseq_fn):
+    def arch(args):
+        fairseq_fn(args)
+    arch.__name__ = arch_name
+    arch.__doc__ = f"The defaults of fairseq's {fairseq_fn.__name__} ({arch_name[3:]})."
+    register_model_architecture("ls_transformer", arch_name)(arch)
+    return arch
+
+
+for _name, _fn in ARCHITECTURES.items():
+    globals()[_name] = _register(_name, _fn)

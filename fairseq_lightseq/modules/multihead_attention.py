@@ -1,0 +1,200 @@
+"""Multi-head attention over the fused ops, with fairseq's parameter layout.
+
+Parameters are the four `nn.Linear`s of fairseq's MultiheadAttention (`q_proj`, `k_proj`, `v_proj`,
+`out_proj`, each `.weight` [E, E] and `.bias` [E]) so that state_dicts interchange with fairseq's
+transformer key for key. The GEMMs run without bias (`F.linear(x, W)`): the q/k/v biases are added
+by `ops.qkv_bias_split` (self-attention) and the output bias by the caller's
+`ops.bias_dropout_residual`, i.e. `forward` returns the output projection WITHOUT its bias.
+
+q/k/v weights are concatenated with `torch.cat` at every forward (one [3E, E] copy, negligible next
+to the GEMM it feeds) rather than stored fused: keeping three separate Parameters means no
+state_dict hooks, optimizers see the same parameters as in fairseq, and checkpoints need no
+conversion in either direction.
+"""
+import math
+from typing import Dict, Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from fairseq.incremental_decoding_utils import with_incremental_state
+
+from .. import ops
+
+# When to use torch's fused scaled_dot_product_attention instead of the explicit
+# bmm -> ops.attention_softmax_dropout -> bmm path: "auto" = on CUDA only, "always", "never".
+# (Tests set "always" to check the SDPA path on CPU.) SDPA's dropout draws from torch's RNG, not
+# our Philox stream; both are valid dropout, they are just different masks.
+SDPA_MODE = "auto"
+
+IncrementalState = Dict[str, Dict[str, Optional[Tensor]]]
+
+
+def _use_sdpa(x: Tensor) -> bool:
+    if SDPA_MODE == "never":
+        return False
+    if SDPA_MODE == "always":
+        return True
+    return x.is_cuda
+
+
+@with_incremental_state
+class LSMultiheadAttention(nn.Module):
+    """Self- or encoder-decoder attention. Time-major like fairseq: query [Tq, B, E], key [Tk, B, E]."""
+
+    def __init__(self, embed_dim: int, num_heads: int, dropout: float = 0.0, self_attention: bool = True,
+                 kdim: Optional[int] = None):
+        super().__init__()
+        if embed_dim % num_heads != 0:
+            raise ValueError(f"embed_dim {embed_dim} must be divisible by num_heads {num_heads}")
+        kdim = kdim or embed_dim
+        if self_attention and kdim != embed_dim:
+            raise ValueError("self-attention needs kdim == embed_dim")
+        self.embed_dim = embed_dim
+        self.num_heads = num_heads
+        self.head_dim = embed_dim // num_heads
+        self.scaling = self.head_dim ** -0.5
+        self.dropout = dropout
+        self.self_attention = self_attention
+        self.encoder_decoder_attention = not self_attention
+        self.q_proj = nn.Linear(embed_dim, embed_dim)
+        self.k_proj = nn.Linear(kdim, embed_dim)
+        self.v_proj = nn.Linear(kdim, embed_dim)
+        self.out_proj = nn.Linear(embed_dim, embed_dim)
+        self.reset_parameters(qkv_same_dim=kdim == embed_dim)
+
+    def reset_parameters(self, qkv_same_dim: bool = True):
+        """fairseq's initialisation (scaled xavier for q/k/v when they share a dim)."""
+        gain = 1 / math.sqrt(2) if qkv_same_dim else 1.0
+        for lin in (self.k_proj, self.v_proj, self.q_proj):
+            nn.init.xavier_uniform_(lin.weight, gain=gain)
+            nn.init.zeros_(lin.bias)
+        nn.init.xavier_uniform_(self.out_proj.weight)
+        nn.init.zeros_(self.out_proj.bias)
+
+    # ---- head split helpers -------------------------------------------------------------------
+
+    def _split(self, x: Tensor) -> Tensor:
+        """[T, B, E] -> [B, H, T, hd] (contiguous)."""
+        T, B, _ = x.shape
+        return x.view(T, B, self.num_heads, self.head_dim).permute(1, 2, 0, 3).contiguous()
+
+    def _project_q(self, query: Tensor) -> Tensor:
+        q = F.linear(query, self.q_proj.weight, self.q_proj.bias)
+        return self._split(q)
+
+    def _project_kv(self, key: Tensor) -> Tuple[Tensor, Tensor]:
+        w = torch.cat([self.k_proj.weight, self.v_proj.weight], dim=0)
+        b = torch.cat([self.k_proj.bias, self.v_proj.bias], dim=0)
+        kv = F.linear(key, w, b)
+        k, v = kv.chunk(2, dim=-1)
+        return self._split(k), self._split(v)
+
+    def _project_qkv(self, x: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
+        """Self-attention: one [3E, E] GEMM, then the fused bias add + head split."""
+        T, B, _ = x.shape
+        w = torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight], dim=0)
+        b = torch.cat([self.q_proj.bias, self.k_proj.bias, self.v_proj.bias], dim=0)
+        q, k, v = ops.qkv_bias_split(F.linear(x, w), b, self.num_heads)  # each [B*H, T, hd]
+        shape = (B, self.num_heads, T, self.head_dim)
+        return q.view(shape), k.view(shape), v.view(shape)
+
+    # ---- forward -------------------------------------------------------------------------------
+
+    def forward(self, query: Tensor, key: Optional[Tensor] = None, key_padding_mask: Optional[Tensor] = None,
+                causal: bool = False, incremental_state: Optional[IncrementalState] = None,
+                need_weights: bool = False) -> Tuple[Tensor, Optional[Tensor]]:
+        """
+        query: [Tq, B, E]; key: [Tk, B, kdim] (encoder-decoder attention; ignored for self-attention);
+        key_padding_mask: [B, Tk] bool, True at padding (for self-attention with incremental_state:
+        the mask of the new steps only, or None); causal: query i sees keys j <= i + Tk - Tq.
+        incremental_state: fairseq's generation cache; self-attention appends the new keys/values,
+        encoder-decoder attention projects the encoder output once and reuses it.
+        Returns (output projection WITHOUT out_proj.bias [Tq, B, E], attention weights averaged over
+        heads [B, Tq, Tk] if need_weights else None).
+        """
+        Tq, B, E = query.shape
+        saved = self._get_input_buffer(incremental_state) if incremental_state is not None else None
+        if self.self_attention:
+            q, k, v = self._project_qkv(query)
+            if saved is not None:
+                if "prev_key" in saved:
+                    prev_len = saved["prev_key"].size(2)
+                    k = torch.cat([saved["prev_key"], k], dim=2)
+                    v = torch.cat([saved["prev_value"], v], dim=2)
+                    prev_mask = saved.get("prev_key_padding_mask")
+                    if prev_mask is not None or key_padding_mask is not None:
+                        if prev_mask is None:
+                            prev_mask = key_padding_mask.new_zeros(B, prev_len)
+                        if key_padding_mask is None:
+                            key_padding_mask = prev_mask.new_zeros(B, Tq)
+                        key_padding_mask = torch.cat([prev_mask, key_padding_mask.to(torch.bool)], dim=1)
+                saved = {"prev_key": k, "prev_value": v, "prev_key_padding_mask": key_padding_mask}
+                self._set_input_buffer(incremental_state, saved)
+        else:
+            q = self._project_q(query)
+            if saved is not None and "prev_key" in saved:
+                k, v = saved["prev_key"], saved["prev_value"]
+            else:
+                assert key is not None, "encoder-decoder attention needs `key`"
+                k, v = self._project_kv(key)
+                if incremental_state is not None:
+                    self._set_input_buffer(incremental_state, {"prev_key": k, "prev_value": v})
+        out, weights = self._attend(q, k, v, key_padding_mask, causal, need_weights)
+        return F.linear(out, self.out_proj.weight), weights
+
+    def _attend(self, q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Optional[Tensor], causal: bool,
+                need_weights: bool) -> Tuple[Tensor, Optional[Tensor]]:
+        """q: [B, H, Tq, hd]; k, v: [B, H, Tk, hd] -> ([Tq, B, E], weights [B, Tq, Tk] or None)."""
+        B, H, Tq, hd = q.shape
+        Tk = k.size(2)
+        p = self.dropout if self.training else 0.0
+        if not need_weights and _use_sdpa(q) and not (causal and key_padding_mask is not None) \
+                and not (causal and Tq != Tk and Tq != 1):
+            # Fused attention: no [B, H, Tq, Tk] tensor in memory. A key padding mask becomes a boolean
+            # attend-mask (rows never fully masked: encoder sources/ targets have >= 1 real token);
+            # causal with Tq == Tk is SDPA's is_causal, with Tq == 1 (a generation step) no mask at all.
+            mask = None if key_padding_mask is None else ~key_padding_mask.view(B, 1, 1, Tk).to(torch.bool)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p,
+                                                 is_causal=causal and Tq == Tk and Tq > 1, scale=self.scaling)
+            return out.permute(2, 0, 1, 3).reshape(Tq, B, H * hd), None
+        scores = torch.bmm(q.reshape(B * H, Tq, hd), k.reshape(B * H, Tk, hd).transpose(1, 2))
+        probs = ops.attention_softmax_dropout(scores.view(B, H, Tq, Tk), key_padding_mask, causal,
+                                              self.scaling, p, self.training)
+        out = torch.bmm(probs.view(B * H, Tq, Tk), v.reshape(B * H, Tk, hd))
+        weights = probs.detach().float().mean(dim=1).to(q.dtype) if need_weights else None
+        return ops.merge_heads(out, H), weights
+
+    # ---- fairseq incremental-state protocol ----------------------------------------------------
+
+    def _get_input_buffer(self, incremental_state: Optional[IncrementalState]) -> Dict[str, Optional[Tensor]]:
+        result = self.get_incremental_state(incremental_state, "attn_state")
+        return result if result is not None else {}
+
+    def _set_input_buffer(self, incremental_state: IncrementalState, buffer: Dict[str, Optional[Tensor]]):
+        return self.set_incremental_state(incremental_state, "attn_state", buffer)
+
+    def reorder_incremental_state(self, incremental_state: IncrementalState, new_order: Tensor):
+        """Beam search: select the cached keys/values (all [B, ...]) of the surviving hypotheses."""
+        buffer = self._get_input_buffer(incremental_state)
+        if buffer:
+            for name, value in buffer.items():
+                if value is not None:
+                    buffer[name] = value.index_select(0, new_order)
+            incremental_state = self._set_input_buffer(incremental_state, buffer)
+        return incremental_state
+
+    def set_beam_size(self, beam_size: int):
+        """fairseq calls this before beam search; nothing to do (the cache is reordered in full)."""
+
+    def upgrade_state_dict_named(self, state_dict, name):
+        """Old fairseq checkpoints store a fused in_proj_weight/in_proj_bias: split into q/k/v."""
+        prefix = name + "." if name != "" else ""
+        for kind in ("weight", "bias"):
+            key = prefix + "in_proj_" + kind
+            if key in state_dict:
+                q, k, v = state_dict.pop(key).chunk(3, dim=0)
+                state_dict[prefix + "q_proj." + kind] = q
+                state_dict[prefix + "k_proj." + kind] = k
+                state_dict[prefix + "v_proj." + kind] = v

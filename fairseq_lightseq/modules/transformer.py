@@ -1,0 +1,172 @@
+"""Transformer encoder and decoder for fairseq, built from the fused-op layers.
+
+They subclass fairseq's TransformerEncoderBase / TransformerDecoderBase, so everything that is not
+arithmetic is fairseq's own code: the `version` buffers, `embed_tokens`/`embed_positions`/
+`layernorm_embedding`/`layer_norm`/`output_projection` modules (same keys, shapes and
+initialisation), `reorder_encoder_out`, `max_positions`, `upgrade_state_dict_named`, the output
+projection. Only the layers (`build_*_layer`) and the forward passes are replaced.
+
+Unsupported fairseq options are rejected in `models.ls_transformer.check_supported` before these
+classes are built.
+"""
+from typing import Any, Dict, List, Optional
+
+import torch
+from torch import Tensor
+
+from fairseq.models.transformer import TransformerConfig, TransformerDecoderBase, TransformerEncoderBase
+
+from .embedding import embed_time_major
+from .transformer_layer import LSTransformerDecoderLayer, LSTransformerEncoderLayer, _layer_norm
+
+
+def _cfg(cfg) -> TransformerConfig:
+    return TransformerConfig.from_namespace(cfg)
+
+
+def _activation_dropout(cfg) -> float:
+    # fairseq: activation_dropout, or the old relu_dropout when it is 0
+    return float(cfg.activation_dropout or getattr(cfg, "relu_dropout", 0) or 0)
+
+
+def _dropout(x: Tensor, p: float, training: bool) -> Tensor:
+    return torch.nn.functional.dropout(x, p, training) if p > 0 else x
+
+
+class LSTransformerEncoder(TransformerEncoderBase):
+    """Encoder: fused embedding -> N x LSTransformerEncoderLayer -> [layer_norm] (pre-LN)."""
+
+    def __init__(self, cfg, dictionary, embed_tokens, return_fc=False):
+        if return_fc:
+            raise ValueError("ls_transformer: the encoder does not return fc results (return_fc)")
+        super().__init__(_cfg(cfg), dictionary, embed_tokens, return_fc=False)
+
+    def build_encoder_layer(self, cfg):
+        return LSTransformerEncoderLayer(
+            cfg.encoder.embed_dim, cfg.encoder.attention_heads, cfg.encoder.ffn_embed_dim,
+            dropout=cfg.dropout, attention_dropout=cfg.attention_dropout,
+            activation_dropout=_activation_dropout(cfg), activation_fn=str(cfg.activation_fn),
+            normalize_before=cfg.encoder.normalize_before)
+
+    def forward_scriptable(self, src_tokens: Tensor, src_lengths: Optional[Tensor] = None,
+                           return_all_hiddens: bool = False, token_embeddings: Optional[Tensor] = None):
+        """src_tokens: [B, S] int64 (left or right padded). Returns fairseq's encoder_out dict with
+        encoder_out [S, B, E], encoder_padding_mask [B, S] bool; encoder_embedding and fc_results are
+        left empty (nothing in the transformer reads them; computing them would cost memory)."""
+        if token_embeddings is not None:
+            raise ValueError("ls_transformer: token_embeddings are not supported")
+        encoder_padding_mask = src_tokens.eq(self.padding_idx)
+        has_pads = bool(encoder_padding_mask.any())
+        p = self.dropout_module.p
+        if self.layernorm_embedding is None:
+            x = embed_time_major(src_tokens, self.embed_tokens, self.embed_positions, self.embed_scale, p,
+                                 self.training)
+        else:
+            x = embed_time_major(src_tokens, self.embed_tokens, self.embed_positions, self.embed_scale, 0.0,
+                                 self.training)
+            x = _dropout(_layer_norm(self.layernorm_embedding, x), p, self.training)
+            if has_pads:  # as fairseq: the embedding layer norm made the pad positions non-zero
+                x = x * (~encoder_padding_mask).t().unsqueeze(-1).to(x.dtype)
+        layer_mask = encoder_padding_mask if has_pads else None
+
+        encoder_states = [x] if return_all_hiddens else []
+        for layer in self.layers:
+            x = layer(x, encoder_padding_mask=layer_mask)
+            if return_all_hiddens:
+                encoder_states.append(x)
+        if self.layer_norm is not None:
+            x = _layer_norm(self.layer_norm, x)
+
+        src_lengths = (~encoder_padding_mask).sum(dim=1, dtype=torch.int32).reshape(-1, 1).contiguous()
+        return {
+            "encoder_out": [x],  # S x B x E
+            "encoder_padding_mask": [encoder_padding_mask],  # B x S
+            "encoder_embedding": [],
+            "encoder_states": encoder_states,
+            "fc_results": [],
+            "src_tokens": [],
+            "src_lengths": [src_lengths],
+        }
+
+
+class LSTransformerDecoder(TransformerDecoderBase):
+    """Decoder: fused embedding -> N x LSTransformerDecoderLayer -> [layer_norm] -> output projection."""
+
+    def __init__(self, cfg, dictionary, embed_tokens, no_encoder_attn=False, output_projection=None):
+        super().__init__(_cfg(cfg), dictionary, embed_tokens, no_encoder_attn=no_encoder_attn,
+                         output_projection=output_projection)
+        if self.project_in_dim is not None:
+            raise ValueError("ls_transformer: decoder embedding dim != --decoder-embed-dim is not supported")
+
+    def build_decoder_layer(self, cfg, no_encoder_attn=False):
+        return LSTransformerDecoderLayer(
+            cfg.decoder.embed_dim, cfg.decoder.attention_heads, cfg.decoder.ffn_embed_dim,
+            dropout=cfg.dropout, attention_dropout=cfg.attention_dropout,
+            activation_dropout=_activation_dropout(cfg), activation_fn=str(cfg.activation_fn),
+            normalize_before=cfg.decoder.normalize_before, encoder_embed_dim=cfg.encoder.embed_dim,
+            no_encoder_attn=no_encoder_attn)
+
+    def extract_features_scriptable(self, prev_output_tokens: Tensor,
+                                    encoder_out: Optional[Dict[str, List[Tensor]]],
+                                    incremental_state: Optional[Dict[str, Dict[str, Optional[Tensor]]]] = None,
+                                    full_context_alignment: bool = False, alignment_layer: Optional[int] = None,
+                                    alignment_heads: Optional[int] = None):
+        """prev_output_tokens: [B, T] int64 (with incremental_state: all tokens so far, only the last
+        is fed). Returns (features [B, T, E_out], {"attn": [encoder attention of alignment_layer,
+        averaged over heads, [B, T, S]] (None in training), "inner_states": [...]})."""
+        bs, slen = prev_output_tokens.size()
+        if alignment_layer is None:
+            alignment_layer = self.num_layers - 1
+        enc: Optional[Tensor] = None
+        padding_mask: Optional[Tensor] = None
+        if encoder_out is not None and len(encoder_out["encoder_out"]) > 0:
+            enc = encoder_out["encoder_out"][0]
+        if encoder_out is not None and len(encoder_out["encoder_padding_mask"]) > 0:
+            padding_mask = encoder_out["encoder_padding_mask"][0]
+
+        positions = None
+        tokens = prev_output_tokens
+        if incremental_state is not None:
+            # fairseq: a generation step sits at position padding_idx + slen, whatever the padding
+            tokens = prev_output_tokens[:, -1:]
+            positions = torch.full_like(tokens, self.padding_idx + slen)
+        p = self.dropout_module.p
+        p_embed = p if self.layernorm_embedding is None else 0.0
+        x = embed_time_major(tokens, self.embed_tokens, self.embed_positions, self.embed_scale, p_embed,
+                             self.training, positions=positions, max_position=self.padding_idx + slen)
+        if self.layernorm_embedding is not None:
+            x = _dropout(_layer_norm(self.layernorm_embedding, x), p, self.training)
+
+        self_attn_padding_mask: Optional[Tensor] = None
+        pad = tokens.eq(self.padding_idx)
+        if bool(pad.any()):
+            self_attn_padding_mask = pad
+
+        attn: Optional[Tensor] = None
+        inner_states: List[Optional[Tensor]] = [x]
+        for idx, layer in enumerate(self.layers):
+            x, layer_attn = layer(x, enc, padding_mask, incremental_state,
+                                  self_attn_padding_mask=self_attn_padding_mask,
+                                  causal=not full_context_alignment,
+                                  need_attn=idx == alignment_layer and not self.training)
+            inner_states.append(x)
+            if layer_attn is not None and idx == alignment_layer:
+                attn = layer_attn.float().to(x)
+
+        if self.layer_norm is not None:
+            x = _layer_norm(self.layer_norm, x)
+        x = x.transpose(0, 1)  # T x B x C -> B x T x C
+        if self.project_out_dim is not None:
+            x = self.project_out_dim(x)
+        return x, {"attn": [attn], "inner_states": inner_states}
+
+    def forward(self, prev_output_tokens, encoder_out=None, incremental_state=None, features_only: bool = False,
+                full_context_alignment: bool = False, alignment_layer: Optional[int] = None,
+                alignment_heads: Optional[int] = None, src_lengths: Optional[Any] = None,
+                return_all_hiddens: bool = False):
+        """fairseq's decoder forward: (logits [B, T, V], extra)."""
+        x, extra = self.extract_features_scriptable(prev_output_tokens, encoder_out, incremental_state,
+                                                    full_context_alignment, alignment_layer, alignment_heads)
+        if not features_only:
+            x = self.output_layer(x)
+        return x, extra

@@ -1,0 +1,263 @@
+"""ls_transformer against fairseq's transformer: same state_dict, same logits and gradients (fp32,
+dropout 0), incremental decoding, beam search, checkpoint interchange, registration, bad options."""
+import argparse
+
+import pytest
+import torch
+
+from fairseq import checkpoint_utils  # noqa: F401
+from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_REGISTRY
+from fairseq.models.transformer import TransformerModel
+from fairseq.sequence_generator import SequenceGenerator
+from fairseq_lightseq.models.ls_transformer import ARCHITECTURES, LSTransformerModel
+from fairseq_lightseq.modules import multihead_attention
+
+from model_helpers import batch, build, make_task, pair
+
+CONFIGS = {
+    "post_ln_relu": {},
+    "pre_ln_gelu": dict(encoder_normalize_before=True, decoder_normalize_before=True, activation_fn="gelu"),
+    "gelu_accurate_mixed_ln": dict(encoder_normalize_before=True, activation_fn="gelu_accurate"),
+    "share_all": dict(share_all_embeddings=True),
+    "share_dec_io": dict(share_decoder_input_output_embed=True),
+    "learned_pos_ln_embed": dict(encoder_learned_pos=True, decoder_learned_pos=True, layernorm_embedding=True),
+    "pre_ln_learned_ln_embed_gelu": dict(encoder_normalize_before=True, decoder_normalize_before=True,
+                                         encoder_learned_pos=True, decoder_learned_pos=True,
+                                         layernorm_embedding=True, activation_fn="gelu"),
+    "no_pos_no_scale": dict(no_token_positional_embeddings=True, no_scale_embedding=True),
+    "decoder_output_dim": dict(decoder_output_dim=12, decoder_ffn_embed_dim=20, decoder_attention_heads=2),
+    "odd_dims": dict(encoder_embed_dim=15, encoder_ffn_embed_dim=7, encoder_attention_heads=3,
+                     decoder_attention_heads=5, encoder_layers=1, decoder_layers=3),
+}
+UNSHARED_OK = {"post_ln_relu", "pre_ln_gelu", "share_dec_io", "learned_pos_ln_embed", "decoder_output_dim"}
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor, floor: float = 1e-30) -> float:
+    """max |a - b| / max(max |b|, floor): the error relative to the tensor's scale."""
+    return float((a.double() - b.double()).abs().max() / b.double().abs().max().clamp_min(floor))
+
+
+def forward_backward(model, src, lens, tgt, seed=3):
+    out, extra = model(src, lens, tgt)
+    g = torch.Generator().manual_seed(seed)
+    (out * torch.randn(out.shape, generator=g)).sum().backward()
+    grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+    return out.detach(), grads
+
+
+def assert_parity(ref, ours, src, lens, tgt, tol=1e-5):
+    out_ref, g_ref = forward_backward(ref, src, lens, tgt)
+    out, g = forward_backward(ours, src, lens, tgt)
+    assert rel_err(out, out_ref) < tol, f"logits rel err {rel_err(out, out_ref):.2e}"
+    assert g.keys() == g_ref.keys()
+    # k_proj.bias gets a zero gradient in exact arithmetic (softmax ignores a constant added to a
+    # row): both sides hold rounding noise only, checked as negligible next to the largest gradient.
+    top = max(float(v.abs().max()) for v in g_ref.values())
+    noise = [n for n in g_ref if n.endswith("k_proj.bias")]
+    assert all(float(g[n].abs().max()) < tol * top for n in noise)
+    worst = max((rel_err(g[n], g_ref[n]), n) for n in g_ref if n not in noise)
+    assert worst[0] < tol, f"grad {worst[1]} rel err {worst[0]:.2e}"
+    return rel_err(out, out_ref), worst
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+@pytest.mark.parametrize("joined", [True, False], ids=["joined_dict", "separate_dicts"])
+def test_logits_and_grads_match_fairseq(name, joined):
+    if not joined and (name not in UNSHARED_OK):
+        pytest.skip("covered with the joined dictionary")
+    task = make_task(joined)
+    ref, ours = pair(task, **CONFIGS[name])
+    src, lens, tgt = batch(task, B=4, S=9, T=7)
+    assert_parity(ref, ours, src, lens, tgt)
+
+
+def test_right_padded_source_and_batch_of_one():
+    task = make_task()
+    ref, ours = pair(task)
+    src, lens, tgt = batch(task, B=3, S=6, T=4, left_pad_source=False)
+    assert_parity(ref, ours, src, lens, tgt)
+    src, lens, tgt = batch(task, B=1, S=1, T=1)
+    assert_parity(ref, ours, src, lens, tgt)
+
+
+def test_sdpa_path_matches_fairseq(monkeypatch):
+    """The fused-attention route (CUDA's default) checked on CPU: same logits and gradients."""
+    monkeypatch.setattr(multihead_attention, "SDPA_MODE", "always")
+    task = make_task()
+    ref, ours = pair(task, encoder_normalize_before=True)
+    src, lens, tgt = batch(task, B=4, S=9, T=7)
+    assert_parity(ref, ours, src, lens, tgt)
+    src, lens, tgt = batch(task, B=2, S=5, T=6, seed=7)
+    tgt[:] = tgt[0]  # no target padding: the decoder self-attention takes SDPA's is_causal route
+    assert_parity(ref, ours, src, lens, tgt)
+
+
+def test_eval_outputs_and_attention_match_fairseq():
+    task = make_task()
+    ref, ours = pair(task)
+    ref.eval(), ours.eval()
+    src, lens, tgt = batch(task)
+    with torch.no_grad():
+        a, ea = ref(src, lens, tgt)
+        b, eb = ours(src, lens, tgt)
+    assert rel_err(b, a) < 1e-5
+    assert rel_err(eb["attn"][0], ea["attn"][0]) < 1e-5
+    assert len(eb["inner_states"]) == len(ea["inner_states"])
+
+
+def _incremental_logits(model, src, lens, tgt, reorder_at=None, new_order=None):
+    enc = model.encoder(src, lens)
+    state = {}
+    steps = []
+    for t in range(tgt.size(1)):
+        if reorder_at is not None and t == reorder_at:
+            enc = model.encoder.reorder_encoder_out(enc, new_order)
+            model.decoder.reorder_incremental_state_scripting(state, new_order)
+            tgt = tgt.index_select(0, new_order)
+            steps = [s.index_select(0, new_order) for s in steps]
+        out, _ = model.decoder(tgt[:, : t + 1], encoder_out=enc, incremental_state=state)
+        steps.append(out)
+    return torch.cat(steps, dim=1)
+
+
+@pytest.mark.parametrize("overrides", [{}, dict(decoder_normalize_before=True, decoder_learned_pos=True)],
+                         ids=["post_ln", "pre_ln_learned"])
+def test_incremental_decoding_equals_full_forward(overrides):
+    task = make_task()
+    _, ours = pair(task, **overrides)
+    ours.eval()
+    src, lens, tgt = batch(task, B=3, S=7, T=6)
+    tgt[:] = tgt[0]  # generation never feeds pads
+    with torch.no_grad():
+        full, _ = ours(src, lens, tgt)
+        inc = _incremental_logits(ours, src, lens, tgt)
+        assert rel_err(inc, full) < 1e-5
+        order = torch.tensor([2, 0, 0])  # beam search: reorder and duplicate hypotheses
+        inc = _incremental_logits(ours, src, lens, tgt, reorder_at=3, new_order=order)
+        full_r, _ = ours(src[order], lens[order], tgt[order])
+        assert rel_err(inc, full_r) < 1e-5
+
+
+def test_beam_search_matches_fairseq():
+    task = make_task()
+    ref, ours = pair(task, share_all_embeddings=True)
+    src, lens, _ = batch(task, B=3, S=7)
+    sample = {"net_input": {"src_tokens": src, "src_lengths": lens}}
+    hyps = []
+    for model in (ref, ours):
+        model.eval()
+        gen = SequenceGenerator([model], task.target_dictionary, beam_size=3, max_len_b=8)
+        with torch.no_grad():
+            hyps.append(gen.generate([model], sample))
+    for h_ref, h in zip(*hyps):
+        assert len(h_ref) == len(h)
+        for a, b in zip(h_ref, h):
+            assert torch.equal(a["tokens"], b["tokens"])
+            assert abs(float(a["score"]) - float(b["score"])) < 1e-4
+            torch.testing.assert_close(b["attention"], a["attention"], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("overrides", [{}, dict(share_all_embeddings=True, encoder_learned_pos=True,
+                                                decoder_learned_pos=True, layernorm_embedding=True,
+                                                encoder_normalize_before=True, decoder_normalize_before=True)],
+                         ids=["base", "shared_learned_preln"])
+def test_state_dict_interchanges_with_fairseq(overrides):
+    """ours -> fairseq -> ours, strict, through fairseq's own load path (upgrade_state_dict)."""
+    task = make_task()
+    ref, ours = pair(task, seed=4, **overrides)
+    sd = ours.state_dict()
+    assert {k: v.shape for k, v in sd.items()} == {k: v.shape for k, v in ref.state_dict().items()}
+    assert any(k.endswith("encoder.version") for k in sd) and any(k.endswith("decoder.version") for k in sd)
+    fresh_ref = build(TransformerModel, task, **overrides)
+    fresh_ref.load_state_dict(sd, strict=True)
+    fresh_ours = build(LSTransformerModel, task, **overrides)
+    fresh_ours.load_state_dict(fresh_ref.state_dict(), strict=True)
+    for k, v in fresh_ours.state_dict().items():
+        assert torch.equal(v, ref.state_dict()[k]), k
+
+
+def test_old_fused_in_proj_checkpoint_upgrades():
+    task = make_task()
+    ref, ours = pair(task)
+    sd = ref.state_dict()
+    prefix = "encoder.layers.0.self_attn."
+    sd[prefix + "in_proj_weight"] = torch.cat([sd.pop(prefix + f"{n}_proj.weight") for n in "qkv"])
+    sd[prefix + "in_proj_bias"] = torch.cat([sd.pop(prefix + f"{n}_proj.bias") for n in "qkv"])
+    fresh = build(LSTransformerModel, task)
+    fresh.load_state_dict(sd, strict=True)  # fairseq's load_state_dict runs upgrade_state_dict first
+    assert torch.equal(fresh.encoder.layers[0].self_attn.k_proj.weight,
+                       ours.encoder.layers[0].self_attn.k_proj.weight)
+
+
+def test_2048_token_batch_runs():
+    task = make_task()
+    torch.manual_seed(0)
+    # (no attention dropout: the reference Philox stream in pure PyTorch is slow on [16, 4, 128, 128])
+    model = build(LSTransformerModel, task, dropout=0.1, activation_dropout=0.1)
+    src, lens, tgt = batch(task, B=16, S=128, T=128)
+    out, _ = model(src, lens, tgt)
+    assert out.shape == (16, 128, len(task.target_dictionary))
+    out.float().logsumexp(-1).mean().backward()
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+
+
+def test_two_model_instances_in_one_process():
+    """No global state: two models of different sizes interleave training and decoding."""
+    task = make_task()
+    _, a = pair(task)
+    b = build(LSTransformerModel, task, encoder_embed_dim=8, encoder_attention_heads=2, decoder_attention_heads=2)
+    src, lens, tgt = batch(task)
+    for m in (a, b, a):
+        m.zero_grad()
+        out, _ = m(src, lens, tgt)
+        out.sum().backward()
+    a.eval(), b.eval()
+    tgt[:] = tgt[0]
+    with torch.no_grad():
+        full_a, _ = a(src, lens, tgt)
+        full_b, _ = b(src, lens, tgt)
+        enc_a, enc_b = a.encoder(src, lens), b.encoder(src, lens)
+        state = {}  # one shared dict, as fairseq's ensembles keep one per model: keys must not collide
+        sa, sb = [], []
+        for t in range(tgt.size(1)):
+            sa.append(a.decoder(tgt[:, : t + 1], encoder_out=enc_a, incremental_state=state)[0])
+            sb.append(b.decoder(tgt[:, : t + 1], encoder_out=enc_b, incremental_state=state)[0])
+    assert rel_err(torch.cat(sa, 1), full_a) < 1e-5 and rel_err(torch.cat(sb, 1), full_b) < 1e-5
+
+
+def test_dropout_reproducible_under_manual_seed():
+    task = make_task()
+    model = build(LSTransformerModel, task, dropout=0.3, attention_dropout=0.2, activation_dropout=0.1)
+    src, lens, tgt = batch(task)
+    torch.manual_seed(5)
+    a, _ = model(src, lens, tgt)
+    torch.manual_seed(5)
+    b, _ = model(src, lens, tgt)
+    c, _ = model(src, lens, tgt)
+    model.eval()
+    d, _ = model(src, lens, tgt)
+    assert torch.equal(a, b) and not torch.equal(a, c) and not torch.equal(a, d)
+
+
+@pytest.mark.parametrize("ls_arch", list(ARCHITECTURES))
+def test_architectures_registered_with_fairseq_defaults(ls_arch):
+    assert ARCH_MODEL_REGISTRY[ls_arch] is LSTransformerModel
+    ours, theirs = argparse.Namespace(), argparse.Namespace()
+    ARCH_CONFIG_REGISTRY[ls_arch](ours)
+    ARCH_CONFIG_REGISTRY[ls_arch[3:]](theirs)
+    assert vars(ours) == vars(theirs)
+
+
+@pytest.mark.parametrize("option,value,message", [
+    ("adaptive_softmax_cutoff", "10,20", "--adaptive-softmax-cutoff"),
+    ("encoder_layerdrop", 0.1, "--encoder-layerdrop"),
+    ("decoder_layerdrop", 0.1, "--decoder-layerdrop"),
+    ("quant_noise_pq", 0.1, "--quant-noise-pq"),
+    ("cross_self_attention", True, "--cross-self-attention"),
+    ("adaptive_input", True, "--adaptive-input"),
+    ("checkpoint_activations", True, "--checkpoint-activations"),
+    ("activation_fn", "tanh", "--activation-fn tanh"),
+])
+def test_unsupported_options_fail_at_build_naming_the_option(option, value, message):
+    with pytest.raises(ValueError, match=message):
+        build(LSTransformerModel, make_task(), **{option: value})
