@@ -149,7 +149,6 @@ template <typename T>
 void embedding_bwd(const T* grad, const int64_t* keys, const int64_t* tokens, T* out, int64_t n, int64_t dim,
                    int64_t num_rows, int64_t padding_idx, double mult, const DropoutParams& d) {
   using A = acc_t<T>;
-  (void)num_rows;
   // Non-pad rows, stably sorted by key: equal keys stay in row order, which fixes the summation order.
   std::vector<int64_t> rows;
   rows.reserve(n);
@@ -161,13 +160,22 @@ void embedding_bwd(const T* grad, const int64_t* keys, const int64_t* tokens, T*
     if (i == 0 || keys[rows[i]] != keys[rows[i - 1]]) seg.push_back(i);
   seg.push_back(static_cast<int64_t>(rows.size()));
   const int64_t nseg = static_cast<int64_t>(seg.size()) - 1;
+  std::vector<int64_t> seg_of(num_rows, -1);  // output row -> its group, -1 when no key names it
+  for (int64_t s = 0; s < nseg; ++s) seg_of[keys[rows[seg[s]]]] = s;
   const A m = static_cast<A>(mult);
   const bool drop = d.threshold != 0;
-  // Groups are disjoint output rows: no two threads write the same row.
-  parallel_for(nseg, std::max<int64_t>(1, 2048 / std::max<int64_t>(dim, 1)), [&](int64_t begin, int64_t end) {
+  // Output rows split across threads: each row written exactly once (its group's sum, or zeros), so no
+  // separate zero fill and no two threads touch one row.
+  parallel_for(num_rows, std::max<int64_t>(1, 16384 / std::max<int64_t>(dim, 1)), [&](int64_t begin, int64_t end) {
     std::vector<A> acc(dim);
     RowDropout<A> rd(drop, dim);
-    for (int64_t s = begin; s < end; ++s) {
+    for (int64_t k = begin; k < end; ++k) {
+      T* o = out + k * dim;
+      const int64_t s = seg_of[k];
+      if (s < 0) {
+        std::fill(o, o + dim, static_cast<T>(0));
+        continue;
+      }
       std::fill(acc.begin(), acc.end(), A(0));
       A* a = acc.data();
       for (int64_t i = seg[s]; i < seg[s + 1]; ++i) {
@@ -180,7 +188,6 @@ void embedding_bwd(const T* grad, const int64_t* keys, const int64_t* tokens, T*
           for (int64_t c = 0; c < dim; ++c) a[c] += static_cast<A>(g[c]) * m;
         }
       }
-      T* o = out + keys[rows[seg[s]]] * dim;
       for (int64_t c = 0; c < dim; ++c) o[c] = static_cast<T>(a[c]);
     }
   });

@@ -18,8 +18,8 @@ void embedding_fwd(const int64_t* tokens, const int64_t* positions, const T* wei
 // tokens[r] != padding_idx} dropout'(grad[r, :]). Used with keys = tokens, mult = scale (dweight) and
 // keys = positions, mult = 1 (dpos_weight). Rows are grouped by a stable sort of the keys and each group is
 // summed in row order by one thread, so the result does not depend on the thread count.
-// grad: [n, dim] T; keys, tokens: [n] int64 (keys in [0, num_rows)); out: [num_rows, dim] T, zero-filled
-// by the caller (rows no key hits stay zero).
+// grad: [n, dim] T; keys, tokens: [n] int64 (keys in [0, num_rows)); out: [num_rows, dim] T, every row
+// written (zeros where no key names it), so it may be uninitialised memory.
 template <typename T>
 void embedding_bwd(const T* grad, const int64_t* keys, const int64_t* tokens, T* out, int64_t n, int64_t dim,
                    int64_t num_rows, int64_t padding_idx, double mult, const DropoutParams& d);

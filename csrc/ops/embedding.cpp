@@ -134,8 +134,9 @@ std::tuple<at::Tensor, at::Tensor> embedding_bwd(const at::Tensor& grad, const a
   // Forward already checked the ranges; they are checked again because a wrong key writes out of bounds.
   if (num_weights > 0) check_range(tok, num_weights, "token id", "num_embeddings");
   if (num_positions > 0) check_range(pos, num_positions, "position", "max positions");
-  auto dw = at::zeros({num_weights, dim}, g.options());
-  auto dp = at::zeros({num_positions, dim}, g.options());
+  // The CPU kernel writes every row (zeros where no token looks it up); the CUDA one only the rows it sums.
+  auto dw = g.is_cuda() ? at::zeros({num_weights, dim}, g.options()) : at::empty({num_weights, dim}, g.options());
+  auto dp = g.is_cuda() ? at::zeros({num_positions, dim}, g.options()) : at::empty({num_positions, dim}, g.options());
   const int64_t n = tok.numel();
   if (g.is_cuda()) {
 #ifdef FLS_WITH_CUDA
