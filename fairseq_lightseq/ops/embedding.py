@@ -2,6 +2,7 @@
 from typing import Optional
 
 import torch
+from torch.autograd.function import once_differentiable
 
 from . import _backend, reference
 from .dropout import _draw
@@ -25,6 +26,7 @@ class EmbeddingFunction(torch.autograd.Function):
         return out
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, grad):
         tokens, positions = ctx.saved_tensors
         want_w, want_p = ctx.needs_input_grad[1], ctx.needs_input_grad[2]
