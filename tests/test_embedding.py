@@ -100,6 +100,21 @@ def test_forward_bitwise_equals_reference_fp32_cpu(layout):
     assert torch.equal(y, reference.embedding(tok, w, pw, PAD, 11.3, 0.3, seed=99))
 
 
+@pytest.mark.parametrize("offset", [1, 3, 6, 2**35 + 5])
+@pytest.mark.parametrize("e", [7, 129])
+def test_dropout_offset_matches_reference(offset, e):
+    """A draw that starts inside a Philox block (offset % 4 != 0, rows of odd width) and past 2^32 blocks (hi counter word)."""
+    tok = _tokens(3, 5, 20, "left")
+    w, pw = _tables(20, e, "learned", 5 + PAD + 1, "cpu", torch.float64)
+    positions = reference.make_positions(tok, PAD)
+    y = EmbeddingFunction.apply(tok, w, pw, positions, PAD, 1.5, 0.4, 2024, offset)
+    yr = reference.embedding(tok, w, pw, PAD, 1.5, 0.4, 2024, offset)
+    assert torch.equal(y, yr)
+    dy = randn(*y.shape, dtype=torch.float64, seed=1)
+    for g, r in zip(_grads(y, w, pw, dy), _grads(yr, w, pw, dy)):
+        assert_close(g, r)
+
+
 @pytest.mark.parametrize("learned", [False, True], ids=["sinusoidal", "learned"])
 @pytest.mark.parametrize("layout", ["right", "left"])
 def test_matches_fairseq_embedding_path(learned, layout):
