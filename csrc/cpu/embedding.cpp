@@ -1,7 +1,8 @@
+// Embedding on CPU: forward row by row (gather, scale, add position, dropout factors from Philox); backward
+// groups rows by a stable sort of their keys and sums each group in row order (deterministic, no atomics).
 #include "embedding.h"
 
 #include <algorithm>
-#include <numeric>
 #include <vector>
 
 #include "fls/philox.h"

@@ -1,3 +1,4 @@
+// CPU kernels of the embedding family (csrc/cpu/embedding.cpp): raw pointers, one template per storage type.
 #pragma once
 #include <cstdint>
 
