@@ -10,7 +10,10 @@ NVCC ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/de
 CUDA_ARCHS ?= 80 90
 PYTEST_ARGS ?=
 
-.PHONY: test setup build cuda-check bench clean
+DATA ?=
+DEMO_ARGS ?=
+
+.PHONY: test demo setup build cuda-check bench clean
 
 test: setup cuda-check
 	$(PY) -m pytest $(PYTEST_ARGS) tests
@@ -38,6 +41,10 @@ cuda-check:
 	  echo "nvcc sm_$$a $$f"; \
 	  $(NVCC) -std=c++17 -O3 -Icsrc/include -gencode arch=compute_$$a,code=sm_$$a -c $$f -o /dev/null; \
 	done; done
+
+# The main job; `make demo DATA=../shared/data/multi30k` trains on a directory of raw parallel text.
+demo: setup
+	$(PY) -m fairseq_lightseq.demo $(if $(DATA),--data $(DATA)) $(DEMO_ARGS)
 
 bench: setup
 	$(PY) scripts/bench_ops.py

@@ -76,7 +76,7 @@ def main():
     ap.add_argument("--workdir", default="demo_work")
     ap.add_argument("--vocab-size", type=int, help="sentencepiece vocabulary (default 256 embedded, 8000 --data)")
     ap.add_argument("--max-update", type=int, default=1200)
-    ap.add_argument("--max-tokens", type=int, default=4096)
+    ap.add_argument("--max-tokens", type=int, default=2048)
     ap.add_argument("--native", action="store_true", help="fairseq's own transformer, criterion and adam")
     ap.add_argument("--seed", type=int, default=1)
     args = ap.parse_args()
@@ -126,8 +126,8 @@ def main():
     train_log = os.path.join(work, "train-native.log" if args.native else "train.log")
     t_train = time.time()
     run([py, "-m", "fairseq_cli.train", bin_dir, "--user-dir", USER_DIR, "--arch", arch,
-         "--encoder-layers", "3", "--decoder-layers", "3", "--encoder-embed-dim", "256", "--decoder-embed-dim", "256",
-         "--encoder-ffn-embed-dim", "512", "--decoder-ffn-embed-dim", "512", "--encoder-attention-heads", "4",
+         "--encoder-layers", "2", "--decoder-layers", "2", "--encoder-embed-dim", "128", "--decoder-embed-dim", "128",
+         "--encoder-ffn-embed-dim", "256", "--decoder-ffn-embed-dim", "256", "--encoder-attention-heads", "4",
          "--decoder-attention-heads", "4", "--share-all-embeddings", "--dropout", "0.1",
          "--criterion", crit, "--label-smoothing", "0.1", "--optimizer", opt, "--adam-betas", "(0.9, 0.98)",
          "--lr", "1e-3", "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "300", "--clip-norm", "1.0",
