@@ -1,0 +1,91 @@
+// Activations of the bias+activation+dropout op and their derivatives, written once for the CPU
+// kernels (float and double) and the CUDA kernels (float math for fp32/fp16/bf16 storage), so the
+// CPU tests exercise the very formulas the GPU runs. They match
+// fairseq_lightseq/ops/reference/dropout.py::activation:
+//   relu(x)      = max(x, 0)                                   relu'(0) = 0, like torch.relu
+//   gelu(x)      = 0.5 x (1 + erf(x / sqrt 2))                  (fairseq "gelu")
+//   gelu_tanh(x) = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))   (fairseq "gelu_accurate")
+// No ATen here: csrc/cuda/*.cu include this and must compile with plain `nvcc -c`.
+#pragma once
+#include <math.h>
+
+#include "fls/common.h"
+
+namespace fls {
+
+// Identity is the "no activation" case, used by bias+dropout+residual so both ops share kernels.
+enum class Act : int { kIdentity = 0, kRelu = 1, kGelu = 2, kGeluTanh = 3 };
+
+namespace act_const {
+constexpr double kInvSqrt2 = 0.70710678118654752440;     // 1 / sqrt(2)
+constexpr double kInvSqrt2Pi = 0.39894228040143267794;   // 1 / sqrt(2 pi): the normal pdf at 0
+constexpr double kSqrt2OverPi = 0.79788456080286535588;  // sqrt(2 / pi)
+constexpr double kTanhCubic = 0.044715;
+}  // namespace act_const
+
+// --- gelu (erf form) ---
+FLS_HD float gelu(float x) { return 0.5f * x * (1.0f + erff(x * static_cast<float>(act_const::kInvSqrt2))); }
+FLS_HD double gelu(double x) { return 0.5 * x * (1.0 + erf(x * act_const::kInvSqrt2)); }
+
+// d/dx [x Phi(x)] = Phi(x) + x phi(x).
+FLS_HD float gelu_grad(float x) {
+  const float cdf = 0.5f * (1.0f + erff(x * static_cast<float>(act_const::kInvSqrt2)));
+  const float pdf = expf(-0.5f * x * x) * static_cast<float>(act_const::kInvSqrt2Pi);
+  return cdf + x * pdf;
+}
+FLS_HD double gelu_grad(double x) {
+  const double cdf = 0.5 * (1.0 + erf(x * act_const::kInvSqrt2));
+  const double pdf = exp(-0.5 * x * x) * act_const::kInvSqrt2Pi;
+  return cdf + x * pdf;
+}
+
+// --- gelu (tanh approximation) ---
+FLS_HD float gelu_tanh(float x) {
+  const float u = static_cast<float>(act_const::kSqrt2OverPi) * (x + static_cast<float>(act_const::kTanhCubic) * x * x * x);
+  return 0.5f * x * (1.0f + tanhf(u));
+}
+FLS_HD double gelu_tanh(double x) {
+  const double u = act_const::kSqrt2OverPi * (x + act_const::kTanhCubic * x * x * x);
+  return 0.5 * x * (1.0 + tanh(u));
+}
+
+// d/dx = 0.5 (1 + t) + 0.5 x (1 - t^2) sqrt(2/pi) (1 + 3 * 0.044715 x^2), t = tanh(u).
+FLS_HD float gelu_tanh_grad(float x) {
+  const float k0 = static_cast<float>(act_const::kSqrt2OverPi), k1 = static_cast<float>(act_const::kTanhCubic);
+  const float t = tanhf(k0 * (x + k1 * x * x * x));
+  return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * k0 * (1.0f + 3.0f * k1 * x * x);
+}
+FLS_HD double gelu_tanh_grad(double x) {
+  const double k0 = act_const::kSqrt2OverPi, k1 = act_const::kTanhCubic;
+  const double t = tanh(k0 * (x + k1 * x * x * x));
+  return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * k0 * (1.0 + 3.0 * k1 * x * x);
+}
+
+// --- dispatch on the activation at compile time (F = float or double) ---
+template <Act A, typename F>
+FLS_HD F act_fwd(F x) {
+  if constexpr (A == Act::kRelu) {
+    return x > F(0) ? x : F(0);
+  } else if constexpr (A == Act::kGelu) {
+    return gelu(x);
+  } else if constexpr (A == Act::kGeluTanh) {
+    return gelu_tanh(x);
+  } else {
+    return x;
+  }
+}
+
+template <Act A, typename F>
+FLS_HD F act_grad(F x) {
+  if constexpr (A == Act::kRelu) {
+    return x > F(0) ? F(1) : F(0);
+  } else if constexpr (A == Act::kGelu) {
+    return gelu_grad(x);
+  } else if constexpr (A == Act::kGeluTanh) {
+    return gelu_tanh_grad(x);
+  } else {
+    return F(1);
+  }
+}
+
+}  // namespace fls
