@@ -1,3 +1,6 @@
+// FP ops here never raise traps we care about; without this, GCC (no -ffast-math) refuses to
+// if-convert the selects in fls/activations.h's exp/erf/tanh and the loops stay scalar (~5x slower).
+#pragma GCC optimize("no-trapping-math")
 // Bias + activation + dropout (+ residual) on CPU. Both public ops of the family run through one
 // forward and one backward template, specialised at compile time on the activation (identity for
 // bias+dropout+residual) so the inner loops stay branch-free.
