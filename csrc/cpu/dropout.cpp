@@ -88,6 +88,77 @@ void fill_factors(A* f, uint64_t s0, int64_t n, const DropoutParams& d) {
   fill_keep<A>(f, s0, n, d, static_cast<A>(d.scale), A(0));
 }
 
+// The per-element loops. Plain templates for every type; for float (the training dtype on CPU)
+// they are called through AVX2 clones (8 lanes instead of SSE2's 4) picked at run time.
+template <typename T, Act ACT, bool RESID>
+inline void seg_fwd_loop(const T* xe, const T* be, const T* re, const acc_t<T>* fe, T* ye, int64_t n) {
+  using A = acc_t<T>;
+  for (int64_t j = 0; j < n; ++j) {
+    const A h = act_fwd<ACT, A>(static_cast<A>(xe[j]) + static_cast<A>(be[j])) * fe[j];
+    if constexpr (RESID) {
+      ye[j] = static_cast<T>(static_cast<A>(re[j]) + h);
+    } else {
+      ye[j] = static_cast<T>(h);
+    }
+  }
+}
+
+// dx = dy * f * act'(x + bias) for one row; s[c] += dx (before rounding to T).
+template <typename T, Act ACT>
+inline void row_bwd_loop(const T* dyr, const T* xr, const T* bias, const acc_t<T>* f, T* dxr, acc_t<T>* s,
+                         int64_t n) {
+  using A = acc_t<T>;
+  for (int64_t c = 0; c < n; ++c) {
+    A g = static_cast<A>(dyr[c]) * f[c];
+    if constexpr (ACT != Act::kIdentity) g *= act_grad<ACT, A>(static_cast<A>(xr[c]) + static_cast<A>(bias[c]));
+    dxr[c] = static_cast<T>(g);
+    s[c] += g;
+  }
+}
+
+#define FLS_F32_CLONES(ACT, NAME)                                                                              \
+  FLS_X86_CLONES void seg_fwd_f32_##NAME(const float* xe, const float* be, const float* re, const float* fe,   \
+                                         float* ye, int64_t n) {                                               \
+    seg_fwd_loop<float, ACT, false>(xe, be, re, fe, ye, n);                                                    \
+  }                                                                                                            \
+  FLS_X86_CLONES void row_bwd_f32_##NAME(const float* dyr, const float* xr, const float* bias, const float* f,  \
+                                         float* dxr, float* s, int64_t n) {                                    \
+    row_bwd_loop<float, ACT>(dyr, xr, bias, f, dxr, s, n);                                                     \
+  }
+FLS_F32_CLONES(Act::kIdentity, identity)
+FLS_F32_CLONES(Act::kRelu, relu)
+FLS_F32_CLONES(Act::kGelu, gelu)
+FLS_F32_CLONES(Act::kGeluTanh, gelu_tanh)
+FLS_X86_CLONES void seg_fwd_f32_residual(const float* xe, const float* be, const float* re, const float* fe,
+                                         float* ye, int64_t n) {
+  seg_fwd_loop<float, Act::kIdentity, true>(xe, be, re, fe, ye, n);
+}
+
+template <typename T, Act ACT, bool RESID>
+void seg_fwd(const T* xe, const T* be, const T* re, const acc_t<T>* fe, T* ye, int64_t n) {
+  if constexpr (std::is_same<T, float>::value) {
+    if constexpr (RESID) return seg_fwd_f32_residual(xe, be, re, fe, ye, n);
+    if constexpr (ACT == Act::kIdentity) return seg_fwd_f32_identity(xe, be, re, fe, ye, n);
+    if constexpr (ACT == Act::kRelu) return seg_fwd_f32_relu(xe, be, re, fe, ye, n);
+    if constexpr (ACT == Act::kGelu) return seg_fwd_f32_gelu(xe, be, re, fe, ye, n);
+    if constexpr (ACT == Act::kGeluTanh) return seg_fwd_f32_gelu_tanh(xe, be, re, fe, ye, n);
+  } else {
+    seg_fwd_loop<T, ACT, RESID>(xe, be, re, fe, ye, n);
+  }
+}
+
+template <typename T, Act ACT>
+void row_bwd(const T* dyr, const T* xr, const T* bias, const acc_t<T>* f, T* dxr, acc_t<T>* s, int64_t n) {
+  if constexpr (std::is_same<T, float>::value) {
+    if constexpr (ACT == Act::kIdentity) return row_bwd_f32_identity(dyr, xr, bias, f, dxr, s, n);
+    if constexpr (ACT == Act::kRelu) return row_bwd_f32_relu(dyr, xr, bias, f, dxr, s, n);
+    if constexpr (ACT == Act::kGelu) return row_bwd_f32_gelu(dyr, xr, bias, f, dxr, s, n);
+    if constexpr (ACT == Act::kGeluTanh) return row_bwd_f32_gelu_tanh(dyr, xr, bias, f, dxr, s, n);
+  } else {
+    row_bwd_loop<T, ACT>(dyr, xr, bias, f, dxr, s, n);
+  }
+}
+
 template <typename T, Act ACT, bool RESID>
 void fwd_impl(const T* x, const T* bias, const T* residual, T* y, int64_t rows, int64_t cols,
               const DropoutParams& d) {
@@ -104,21 +175,7 @@ void fwd_impl(const T* x, const T* bias, const T* residual, T* y, int64_t rows, 
       int64_t c = e0 % cols;
       for (int64_t e = e0; e < e1;) {
         const int64_t seg = std::min(cols - c, e1 - e);
-        const T* xe = x + e;
-        const T* be = bias + c;
-        const A* fe = f + (e - e0);
-        T* ye = y + e;
-        if constexpr (RESID) {
-          const T* re = residual + e;
-          for (int64_t j = 0; j < seg; ++j) {
-            const A h = act_fwd<ACT, A>(static_cast<A>(xe[j]) + static_cast<A>(be[j])) * fe[j];
-            ye[j] = static_cast<T>(static_cast<A>(re[j]) + h);
-          }
-        } else {
-          for (int64_t j = 0; j < seg; ++j) {
-            ye[j] = static_cast<T>(act_fwd<ACT, A>(static_cast<A>(xe[j]) + static_cast<A>(be[j])) * fe[j]);
-          }
-        }
+        seg_fwd<T, ACT, RESID>(x + e, bias + c, RESID ? residual + e : nullptr, f + (e - e0), y + e, seg);
         e += seg;
         c = 0;
       }
@@ -143,23 +200,7 @@ void bwd_impl(const T* dy, const T* x, const T* bias, T* dx, T* dbias, int64_t r
       for (int64_t r = k * kRowsPerChunk; r < r1; ++r) {
         const int64_t e0 = r * cols;
         fill_factors(f, d.offset + static_cast<uint64_t>(e0), cols, d);
-        const T* dyr = dy + e0;
-        T* dxr = dx + e0;
-        if constexpr (ACT == Act::kIdentity) {
-          for (int64_t c = 0; c < cols; ++c) {
-            const A g = static_cast<A>(dyr[c]) * f[c];
-            dxr[c] = static_cast<T>(g);
-            s[c] += g;
-          }
-        } else {
-          const T* xr = x + e0;
-          for (int64_t c = 0; c < cols; ++c) {
-            const A g = static_cast<A>(dyr[c]) * f[c] *
-                        act_grad<ACT, A>(static_cast<A>(xr[c]) + static_cast<A>(bias[c]));
-            dxr[c] = static_cast<T>(g);
-            s[c] += g;
-          }
-        }
+        row_bwd<T, ACT>(dy + e0, ACT == Act::kIdentity ? nullptr : x + e0, bias, f, dx + e0, s, cols);
       }
     }
   });
