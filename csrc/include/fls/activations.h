@@ -55,8 +55,9 @@ FLS_HD float exp_f32(float x) {
   return e * bits_as_float(static_cast<uint32_t>(k + 127) << 23);
 }
 
-// erf(x), Abramowitz & Stegun 7.1.26: |error| < 1.5e-7 (plus float rounding).
-FLS_HD float erf_f32(float x) {
+// erf(x), Abramowitz & Stegun 7.1.26: |error| < 1.5e-7 (plus float rounding). `e` must be
+// exp_f32(-x * x), passed in so gelu_grad can reuse it for the normal pdf.
+FLS_HD float erf_f32(float x, float e) {
   const float a = x < 0.0f ? -x : x;
   const float t = 1.0f / (1.0f + 0.3275911f * a);
   float q = 1.061405429f;
@@ -64,9 +65,10 @@ FLS_HD float erf_f32(float x) {
   q = q * t + 1.421413741f;
   q = q * t - 0.284496736f;
   q = q * t + 0.254829592f;
-  const float y = 1.0f - q * t * exp_f32(-a * a);
+  const float y = 1.0f - q * t * e;
   return x < 0.0f ? -y : y;
 }
+FLS_HD float erf_f32(float x) { return erf_f32(x, exp_f32(-x * x)); }
 
 // tanh(u) = 1 - 2 / (exp(2|u|) + 1) with u's sign; absolute error about 1e-7.
 FLS_HD float tanh_f32(float u) {
@@ -81,9 +83,10 @@ FLS_HD double gelu(double x) { return 0.5 * x * (1.0 + erf(x * act_const::kInvSq
 
 // d/dx [x Phi(x)] = Phi(x) + x phi(x).
 FLS_HD float gelu_grad(float x) {
-  const float cdf = 0.5f * (1.0f + erf_f32(x * static_cast<float>(act_const::kInvSqrt2)));
-  const float pdf = exp_f32(-0.5f * x * x) * static_cast<float>(act_const::kInvSqrt2Pi);
-  return cdf + x * pdf;
+  const float z = x * static_cast<float>(act_const::kInvSqrt2);
+  const float e = exp_f32(-z * z);  // exp(-x^2/2): in erf(z) and in the pdf
+  const float cdf = 0.5f * (1.0f + erf_f32(z, e));
+  return cdf + x * e * static_cast<float>(act_const::kInvSqrt2Pi);
 }
 FLS_HD double gelu_grad(double x) {
   const double cdf = 0.5 * (1.0 + erf(x * act_const::kInvSqrt2));
