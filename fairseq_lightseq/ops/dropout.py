@@ -1,27 +1,102 @@
 """Differentiable bias+dropout+residual and bias+activation+dropout.
 
-Dropout masks come from the Philox stream (reference/philox.py): a seed is drawn from torch's
-default generator per call (only when training with p > 0), so torch.manual_seed reproduces runs.
+Dropout masks come from the Philox stream (reference/philox.py, csrc/include/fls/philox.h): a seed is
+drawn from torch's default generator per call (only when training with p > 0), so torch.manual_seed
+reproduces runs. The mask is never stored: backward regenerates it from (seed, offset).
 """
 import torch
 
 from . import _backend, reference
+from .reference.dropout import ACTIVATIONS
 
 
 def _draw(p: float, training: bool):
+    """(p, seed) of one dropout draw: p = 0 and no seed drawn (the RNG untouched) in eval mode or at p = 0."""
     p = float(p) if training else 0.0
     return p, (_backend.next_seed() if p > 0 else 0)
 
 
+class BiasDropoutResidualFunction(torch.autograd.Function):
+    """residual + dropout(x + bias) with an explicit (p, seed, offset); apply(x, bias, residual, p, seed, offset)."""
+
+    @staticmethod
+    def forward(ctx, x, bias, residual, p, seed, offset):
+        ctx.draw = (p, seed, offset)
+        return _backend.ops().bias_dropout_residual_fwd(x, bias, residual, p, seed, offset)
+
+    @staticmethod
+    def backward(ctx, dy):
+        dx = dbias = None
+        if ctx.needs_input_grad[0] or ctx.needs_input_grad[1]:
+            dx, dbias = _backend.ops().bias_dropout_residual_bwd(dy, *ctx.draw)
+        return dx, dbias, dy, None, None, None
+
+
+class BiasActDropoutFunction(torch.autograd.Function):
+    """dropout(act(x + bias)) with an explicit (p, seed, offset); apply(x, bias, p, act, seed, offset).
+    Saves x and bias (not the activation output or the mask) and recomputes act'(x + bias) in backward."""
+
+    @staticmethod
+    def forward(ctx, x, bias, p, act, seed, offset):
+        ctx.save_for_backward(x, bias)
+        ctx.draw = (p, act, seed, offset)
+        return _backend.ops().bias_act_dropout_fwd(x, bias, p, act, seed, offset)
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, bias = ctx.saved_tensors
+        dx, dbias = _backend.ops().bias_act_dropout_bwd(dy, x, bias, *ctx.draw)
+        return dx, dbias, None, None, None, None
+
+
 def bias_dropout_residual(x: torch.Tensor, bias: torch.Tensor, residual: torch.Tensor, p: float,
                           training: bool = True) -> torch.Tensor:
-    """residual + dropout(x + bias). x, residual: [..., C]; bias: [C]; one dtype. Returns [..., C]."""
+    """residual + dropout(x + bias). x, residual: [..., C]; bias: [C]; one dtype (CPU fp32/fp64/bf16,
+    CUDA fp32/fp16/bf16). Returns [..., C] in x's dtype; math in fp32 (fp64)."""
     p, seed = _draw(p, training)
+    if _backend.use_kernel("bias_dropout_residual_fwd", x.device.type):
+        return BiasDropoutResidualFunction.apply(x, bias, residual, p, seed, 0)
     return reference.bias_dropout_residual(x, bias, residual, p, seed)
 
 
 def bias_act_dropout(x: torch.Tensor, bias: torch.Tensor, p: float, act: str = "relu",
                      training: bool = True) -> torch.Tensor:
-    """dropout(act(x + bias)), act in relu | gelu (erf) | gelu_tanh. x: [..., C]; bias: [C]."""
+    """dropout(act(x + bias)), act in relu | gelu (erf) | gelu_tanh. x: [..., C]; bias: [C]; one dtype.
+    Returns [..., C] in x's dtype; math in fp32 (fp64)."""
+    if act not in ACTIVATIONS:
+        raise ValueError(f"bias_act_dropout: act must be one of {ACTIVATIONS}, got {act!r}")
     p, seed = _draw(p, training)
+    if _backend.use_kernel("bias_act_dropout_fwd", x.device.type):
+        return BiasActDropoutFunction.apply(x, bias, p, act, seed, 0)
     return reference.bias_act_dropout(x, bias, p, act, seed)
+
+
+def dropout_mask(numel: int, p: float, seed: int, offset: int = 0, device="cpu") -> torch.Tensor:
+    """Keep bits [numel] bool of the draw (p, seed) for stream elements offset .. offset+numel-1, from
+    the compiled generator (the one every fused dropout uses); reference.keep_mask is its spec."""
+    return _backend.ops().dropout_mask(numel, p, seed, offset, torch.device(device))
+
+
+@_backend.register_fake("bias_dropout_residual_fwd")
+def _bias_dropout_residual_fwd_fake(x, bias, residual, p, seed, offset):
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+@_backend.register_fake("bias_dropout_residual_bwd")
+def _bias_dropout_residual_bwd_fake(dy, p, seed, offset):
+    return torch.empty_like(dy, memory_format=torch.contiguous_format), dy.new_empty((dy.shape[-1],))
+
+
+@_backend.register_fake("bias_act_dropout_fwd")
+def _bias_act_dropout_fwd_fake(x, bias, p, act, seed, offset):
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+@_backend.register_fake("bias_act_dropout_bwd")
+def _bias_act_dropout_bwd_fake(dy, x, bias, p, act, seed, offset):
+    return torch.empty_like(dy, memory_format=torch.contiguous_format), torch.empty_like(bias)
+
+
+@_backend.register_fake("dropout_mask")
+def _dropout_mask_fake(numel, p, seed, offset, device):
+    return torch.empty((numel,), dtype=torch.bool, device=device)

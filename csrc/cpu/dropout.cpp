@@ -1,0 +1,267 @@
+// FP ops here never raise traps we care about; without this, GCC (no -ffast-math) refuses to
+// if-convert the selects in fls/activations.h's exp/erf/tanh and the loops stay scalar (~5x slower).
+#pragma GCC optimize("no-trapping-math")
+// Bias + activation + dropout (+ residual) on CPU. Both public ops of the family run through one
+// forward and one backward template, specialised at compile time on the activation (identity for
+// bias+dropout+residual) so the inner loops stay branch-free.
+#include "dropout.h"
+
+#include <algorithm>
+#include <type_traits>
+#include <vector>
+
+namespace fls {
+namespace cpu {
+namespace {
+
+// Elements per parallel work item of the element-wise loops, and rows per fixed chunk of the
+// column sums (fixed, so that dbias does not depend on the thread count).
+constexpr int64_t kBlock = 4096;
+constexpr int64_t kRowsPerChunk = 32;
+
+// o[4j + k] = keep bit k of group g0 + j ? kv : dv, for j in [0, groups). No cross-iteration
+// dependence, so the compiler vectorises the ten Philox rounds across groups; Philox is most of the
+// cost of these ops, and AVX2 (4 lanes of 32x32->64-bit multiplies vs SSE2's 2) runs it about twice
+// as fast, hence a runtime-dispatched AVX2 clone (the build targets baseline x86-64).
+template <typename V>
+inline void keep_groups(V* o, uint64_t g0, int64_t groups, uint64_t seed, uint32_t thr, V kv, V dv) {
+  for (int64_t j = 0; j < groups; ++j) {
+    const U32x4 u = philox4x32_10(g0 + static_cast<uint64_t>(j), seed);
+    o[4 * j + 0] = (u.v[0] >> 8) >= thr ? kv : dv;
+    o[4 * j + 1] = (u.v[1] >> 8) >= thr ? kv : dv;
+    o[4 * j + 2] = (u.v[2] >> 8) >= thr ? kv : dv;
+    o[4 * j + 3] = (u.v[3] >> 8) >= thr ? kv : dv;
+  }
+}
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define FLS_X86_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define FLS_X86_CLONES
+#endif
+
+FLS_X86_CLONES void keep_groups_f32(float* o, uint64_t g0, int64_t groups, uint64_t seed, uint32_t thr, float kv,
+                                    float dv) {
+  keep_groups<float>(o, g0, groups, seed, thr, kv, dv);
+}
+FLS_X86_CLONES void keep_groups_bool(bool* o, uint64_t g0, int64_t groups, uint64_t seed, uint32_t thr) {
+  keep_groups<bool>(o, g0, groups, seed, thr, true, false);
+}
+
+template <typename V>
+void keep_groups_any(V* o, uint64_t g0, int64_t groups, uint64_t seed, uint32_t thr, V kv, V dv) {
+  if constexpr (std::is_same<V, float>::value) {
+    keep_groups_f32(o, g0, groups, seed, thr, kv, dv);
+  } else if constexpr (std::is_same<V, bool>::value) {
+    keep_groups_bool(o, g0, groups, seed, thr);
+  } else {
+    keep_groups<V>(o, g0, groups, seed, thr, kv, dv);
+  }
+}
+
+// out[i] = keep ? kv : dv for stream elements s0 .. s0+n-1: one Philox block per 4 elements.
+template <typename V>
+void fill_keep(V* out, uint64_t s0, int64_t n, const DropoutParams& d, V kv, V dv) {
+  int64_t i = 0;
+  uint64_t s = s0;
+  if ((s & 3) && n > 0) {  // head: the rest of a partly used group
+    const uint32_t k = dropout_keep4(s >> 2, d);
+    for (; i < n && (s & 3); ++i, ++s) out[i] = ((k >> (s & 3)) & 1u) ? kv : dv;
+  }
+  const int64_t groups = (n - i) >> 2;
+  keep_groups_any<V>(out + i, s >> 2, groups, d.seed, d.threshold, kv, dv);
+  i += groups * 4;
+  s += static_cast<uint64_t>(groups) * 4;
+  if (i < n) {  // tail: the start of a group
+    const uint32_t k = dropout_keep4(s >> 2, d);
+    for (; i < n; ++i, ++s) out[i] = ((k >> (s & 3)) & 1u) ? kv : dv;
+  }
+}
+
+// f[i] = multiplier of stream element s0 + i: scale or 0, or 1 when dropout is off.
+template <typename A>
+void fill_factors(A* f, uint64_t s0, int64_t n, const DropoutParams& d) {
+  if (d.threshold == 0) {
+    std::fill(f, f + n, A(1));
+    return;
+  }
+  fill_keep<A>(f, s0, n, d, static_cast<A>(d.scale), A(0));
+}
+
+// The per-element loops. Plain templates for every type; for float (the training dtype on CPU)
+// they are called through AVX2 clones (8 lanes instead of SSE2's 4) picked at run time.
+template <typename T, Act ACT, bool RESID>
+inline void seg_fwd_loop(const T* xe, const T* be, const T* re, const acc_t<T>* fe, T* ye, int64_t n) {
+  using A = acc_t<T>;
+  for (int64_t j = 0; j < n; ++j) {
+    const A h = act_fwd<ACT, A>(static_cast<A>(xe[j]) + static_cast<A>(be[j])) * fe[j];
+    if constexpr (RESID) {
+      ye[j] = static_cast<T>(static_cast<A>(re[j]) + h);
+    } else {
+      ye[j] = static_cast<T>(h);
+    }
+  }
+}
+
+// dx = dy * f * act'(x + bias) for one row; s[c] += dx (before rounding to T).
+template <typename T, Act ACT>
+inline void row_bwd_loop(const T* dyr, const T* xr, const T* bias, const acc_t<T>* f, T* dxr, acc_t<T>* s,
+                         int64_t n) {
+  using A = acc_t<T>;
+  for (int64_t c = 0; c < n; ++c) {
+    A g = static_cast<A>(dyr[c]) * f[c];
+    if constexpr (ACT != Act::kIdentity) g *= act_grad<ACT, A>(static_cast<A>(xr[c]) + static_cast<A>(bias[c]));
+    dxr[c] = static_cast<T>(g);
+    s[c] += g;
+  }
+}
+
+#define FLS_F32_CLONES(ACT, NAME)                                                                              \
+  FLS_X86_CLONES void seg_fwd_f32_##NAME(const float* xe, const float* be, const float* re, const float* fe,   \
+                                         float* ye, int64_t n) {                                               \
+    seg_fwd_loop<float, ACT, false>(xe, be, re, fe, ye, n);                                                    \
+  }                                                                                                            \
+  FLS_X86_CLONES void row_bwd_f32_##NAME(const float* dyr, const float* xr, const float* bias, const float* f,  \
+                                         float* dxr, float* s, int64_t n) {                                    \
+    row_bwd_loop<float, ACT>(dyr, xr, bias, f, dxr, s, n);                                                     \
+  }
+FLS_F32_CLONES(Act::kIdentity, identity)
+FLS_F32_CLONES(Act::kRelu, relu)
+FLS_F32_CLONES(Act::kGelu, gelu)
+FLS_F32_CLONES(Act::kGeluTanh, gelu_tanh)
+FLS_X86_CLONES void seg_fwd_f32_residual(const float* xe, const float* be, const float* re, const float* fe,
+                                         float* ye, int64_t n) {
+  seg_fwd_loop<float, Act::kIdentity, true>(xe, be, re, fe, ye, n);
+}
+
+template <typename T, Act ACT, bool RESID>
+void seg_fwd(const T* xe, const T* be, const T* re, const acc_t<T>* fe, T* ye, int64_t n) {
+  if constexpr (std::is_same<T, float>::value) {
+    if constexpr (RESID) return seg_fwd_f32_residual(xe, be, re, fe, ye, n);
+    if constexpr (ACT == Act::kIdentity) return seg_fwd_f32_identity(xe, be, re, fe, ye, n);
+    if constexpr (ACT == Act::kRelu) return seg_fwd_f32_relu(xe, be, re, fe, ye, n);
+    if constexpr (ACT == Act::kGelu) return seg_fwd_f32_gelu(xe, be, re, fe, ye, n);
+    if constexpr (ACT == Act::kGeluTanh) return seg_fwd_f32_gelu_tanh(xe, be, re, fe, ye, n);
+  } else {
+    seg_fwd_loop<T, ACT, RESID>(xe, be, re, fe, ye, n);
+  }
+}
+
+template <typename T, Act ACT>
+void row_bwd(const T* dyr, const T* xr, const T* bias, const acc_t<T>* f, T* dxr, acc_t<T>* s, int64_t n) {
+  if constexpr (std::is_same<T, float>::value) {
+    if constexpr (ACT == Act::kIdentity) return row_bwd_f32_identity(dyr, xr, bias, f, dxr, s, n);
+    if constexpr (ACT == Act::kRelu) return row_bwd_f32_relu(dyr, xr, bias, f, dxr, s, n);
+    if constexpr (ACT == Act::kGelu) return row_bwd_f32_gelu(dyr, xr, bias, f, dxr, s, n);
+    if constexpr (ACT == Act::kGeluTanh) return row_bwd_f32_gelu_tanh(dyr, xr, bias, f, dxr, s, n);
+  } else {
+    row_bwd_loop<T, ACT>(dyr, xr, bias, f, dxr, s, n);
+  }
+}
+
+template <typename T, Act ACT, bool RESID>
+void fwd_impl(const T* x, const T* bias, const T* residual, T* y, int64_t rows, int64_t cols,
+              const DropoutParams& d) {
+  using A = acc_t<T>;
+  const int64_t n = rows * cols;
+  const int64_t blocks = (n + kBlock - 1) / kBlock;
+  parallel_for(blocks, 1, [&](int64_t b0, int64_t b1) {
+    std::vector<A> fbuf(kBlock);
+    A* f = fbuf.data();
+    for (int64_t blk = b0; blk < b1; ++blk) {
+      const int64_t e0 = blk * kBlock, e1 = std::min(n, e0 + kBlock);
+      fill_factors(f, d.offset + static_cast<uint64_t>(e0), e1 - e0, d);
+      // Walk the block in row segments so the bias index is a contiguous run.
+      int64_t c = e0 % cols;
+      for (int64_t e = e0; e < e1;) {
+        const int64_t seg = std::min(cols - c, e1 - e);
+        seg_fwd<T, ACT, RESID>(x + e, bias + c, RESID ? residual + e : nullptr, f + (e - e0), y + e, seg);
+        e += seg;
+        c = 0;
+      }
+    }
+  });
+}
+
+template <typename T, Act ACT>
+void bwd_impl(const T* dy, const T* x, const T* bias, T* dx, T* dbias, int64_t rows, int64_t cols,
+              const DropoutParams& d) {
+  using A = acc_t<T>;
+  const int64_t chunks = (rows + kRowsPerChunk - 1) / kRowsPerChunk;
+  std::vector<A> partial(static_cast<size_t>(chunks * cols));
+  // Step 1: per chunk of rows, dx and the chunk's column sums (rows in order).
+  parallel_for(chunks, 1, [&](int64_t k0, int64_t k1) {
+    std::vector<A> fbuf(cols);
+    A* f = fbuf.data();
+    for (int64_t k = k0; k < k1; ++k) {
+      A* s = partial.data() + k * cols;
+      std::fill(s, s + cols, A(0));
+      const int64_t r1 = std::min(rows, (k + 1) * kRowsPerChunk);
+      for (int64_t r = k * kRowsPerChunk; r < r1; ++r) {
+        const int64_t e0 = r * cols;
+        fill_factors(f, d.offset + static_cast<uint64_t>(e0), cols, d);
+        row_bwd<T, ACT>(dy + e0, ACT == Act::kIdentity ? nullptr : x + e0, bias, f, dx + e0, s, cols);
+      }
+    }
+  });
+  // Step 2: dbias[c] = sum of the chunk sums in chunk order; columns split across threads.
+  parallel_for(cols, 256, [&](int64_t c0, int64_t c1) {
+    std::vector<A> acc(c1 - c0, A(0));
+    for (int64_t k = 0; k < chunks; ++k) {
+      const A* s = partial.data() + k * cols;
+      for (int64_t c = c0; c < c1; ++c) acc[c - c0] += s[c];
+    }
+    for (int64_t c = c0; c < c1; ++c) dbias[c] = static_cast<T>(acc[c - c0]);
+  });
+}
+
+}  // namespace
+
+void dropout_mask(bool* keep, int64_t n, const DropoutParams& d) {
+  const int64_t blocks = (n + kBlock - 1) / kBlock;
+  parallel_for(blocks, 1, [&](int64_t b0, int64_t b1) {
+    for (int64_t blk = b0; blk < b1; ++blk) {
+      const int64_t e0 = blk * kBlock, e1 = std::min(n, e0 + kBlock);
+      fill_keep<bool>(keep + e0, d.offset + static_cast<uint64_t>(e0), e1 - e0, d, true, false);
+    }
+  });
+}
+
+template <typename T>
+void bias_act_dropout_fwd(const T* x, const T* bias, const T* residual, T* y, int64_t rows, int64_t cols, Act act,
+                          const DropoutParams& d) {
+  if (rows == 0 || cols == 0) return;
+  if (residual != nullptr) {
+    // bias + dropout + residual has no activation; other combinations are not needed by the model.
+    fwd_impl<T, Act::kIdentity, true>(x, bias, residual, y, rows, cols, d);
+    return;
+  }
+  switch (act) {
+    case Act::kIdentity: fwd_impl<T, Act::kIdentity, false>(x, bias, nullptr, y, rows, cols, d); break;
+    case Act::kRelu: fwd_impl<T, Act::kRelu, false>(x, bias, nullptr, y, rows, cols, d); break;
+    case Act::kGelu: fwd_impl<T, Act::kGelu, false>(x, bias, nullptr, y, rows, cols, d); break;
+    case Act::kGeluTanh: fwd_impl<T, Act::kGeluTanh, false>(x, bias, nullptr, y, rows, cols, d); break;
+  }
+}
+
+template <typename T>
+void bias_act_dropout_bwd(const T* dy, const T* x, const T* bias, T* dx, T* dbias, int64_t rows, int64_t cols,
+                          Act act, const DropoutParams& d) {
+  if (cols == 0) return;
+  switch (act) {
+    case Act::kIdentity: bwd_impl<T, Act::kIdentity>(dy, x, bias, dx, dbias, rows, cols, d); break;
+    case Act::kRelu: bwd_impl<T, Act::kRelu>(dy, x, bias, dx, dbias, rows, cols, d); break;
+    case Act::kGelu: bwd_impl<T, Act::kGelu>(dy, x, bias, dx, dbias, rows, cols, d); break;
+    case Act::kGeluTanh: bwd_impl<T, Act::kGeluTanh>(dy, x, bias, dx, dbias, rows, cols, d); break;
+  }
+}
+
+#define FLS_INSTANTIATE_DROPOUT(T)                                                                            \
+  template void bias_act_dropout_fwd<T>(const T*, const T*, const T*, T*, int64_t, int64_t, Act,              \
+                                        const DropoutParams&);                                                \
+  template void bias_act_dropout_bwd<T>(const T*, const T*, const T*, T*, T*, int64_t, int64_t, Act,          \
+                                        const DropoutParams&);
+FLS_CPU_INSTANTIATE(FLS_INSTANTIATE_DROPOUT)
+
+}  // namespace cpu
+}  // namespace fls

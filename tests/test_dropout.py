@@ -1,0 +1,180 @@
+"""bias_dropout_residual and bias_act_dropout: the fused kernels against the reference with the same
+(seed, offset), forward and backward, plus gradcheck, determinism and argument checks."""
+import pytest
+import torch
+
+from conftest import DEVICE_DTYPES, assert_close, randn
+from fairseq_lightseq import ops
+from fairseq_lightseq.ops import reference
+from fairseq_lightseq.ops.dropout import BiasActDropoutFunction, BiasDropoutResidualFunction
+
+SHAPES = [(1, 7), (3, 129), (4097, 7), (1, 1024), (3, 1024), (4097, 129), (2, 5, 129)]
+ACTS = ["relu", "gelu", "gelu_tanh"]
+SEED = -8161729337912711533  # any int64; negative seeds exercise the unsigned key path
+
+
+def _inputs(shape, device, dtype, n, seed=0):
+    ts = [randn(*shape, dtype=dtype, device=device, seed=seed), randn(shape[-1], dtype=dtype, device=device,
+                                                                      seed=seed + 1)]
+    ts += [randn(*shape, dtype=dtype, device=device, seed=seed + 2 + i) for i in range(n - 2)]
+    return [t.requires_grad_() for t in ts], [t.detach().clone().requires_grad_() for t in ts]
+
+
+def _check_grads(got, ref, rows):
+    # Column sums over many rows accumulate more rounding in low precision.
+    assert_close(got[0].grad, ref[0].grad, scale=4)
+    assert_close(got[1].grad, ref[1].grad, scale=4 * max(1, rows) ** 0.5)
+    for g, r in zip(got[2:], ref[2:]):
+        assert_close(g.grad, r.grad)
+
+
+@pytest.mark.parametrize("device,dtype", DEVICE_DTYPES)
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("p", [0.0, 0.3])
+def test_bias_dropout_residual_matches_reference(device, dtype, shape, p):
+    (x, b, r), (xr, br, rr) = _inputs(shape, device, dtype, 3)
+    y = BiasDropoutResidualFunction.apply(x, b, r, p, SEED, 0)
+    yr = reference.bias_dropout_residual(xr, br, rr, p, SEED)
+    assert y.dtype == dtype and y.shape == x.shape
+    assert_close(y, yr)
+    dy = randn(*shape, dtype=dtype, device=device, seed=7)
+    y.backward(dy)
+    yr.backward(dy)
+    _check_grads((x, b, r), (xr, br, rr), x.numel() // shape[-1])
+
+
+@pytest.mark.parametrize("device,dtype", DEVICE_DTYPES)
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("act", ACTS)
+def test_bias_act_dropout_matches_reference(device, dtype, shape, act):
+    (x, b), (xr, br) = _inputs(shape, device, dtype, 2)
+    y = BiasActDropoutFunction.apply(x, b, 0.3, act, SEED, 0)
+    yr = reference.bias_act_dropout(xr, br, 0.3, act, SEED)
+    assert y.dtype == dtype and y.shape == x.shape
+    assert_close(y, yr)
+    dy = randn(*shape, dtype=dtype, device=device, seed=7)
+    y.backward(dy)
+    yr.backward(dy)
+    _check_grads((x, b), (xr, br), x.numel() // shape[-1])
+
+
+@pytest.mark.parametrize("offset", [1, 2, 3, 4, 1 << 33])
+def test_offset_shifts_the_mask_like_the_reference(offset):
+    x, b, r = randn(3, 13, seed=1), randn(13, seed=2), randn(3, 13, seed=3)
+    f = torch.ops.fairseq_lightseq
+    assert_close(f.bias_dropout_residual_fwd(x, b, r, 0.5, 77, offset),
+                 reference.bias_dropout_residual(x, b, r, 0.5, 77, offset))
+    assert_close(f.bias_act_dropout_fwd(x, b, 0.5, "gelu", 77, offset),
+                 reference.bias_act_dropout(x, b, 0.5, "gelu", 77, offset))
+    dx, db = f.bias_act_dropout_bwd(r, x, b, 0.5, "relu", 77, offset)
+    keep = reference.keep_mask(x.numel(), 0.5, 77, offset).view(3, 13)
+    assert_close(dx, r * keep * 2.0 * (x + b > 0))
+    assert_close(db, dx.sum(0))
+
+
+@pytest.mark.parametrize("shape", [(3, 7), (1, 5), (2, 3, 4)])
+def test_gradcheck_bias_dropout_residual_float64(shape):
+    (x, b, r), _ = _inputs(shape, "cpu", torch.float64, 3)
+    assert torch.autograd.gradcheck(lambda x, b, r: BiasDropoutResidualFunction.apply(x, b, r, 0.4, SEED, 0),
+                                    (x, b, r))
+
+
+@pytest.mark.parametrize("act", ACTS)
+@pytest.mark.parametrize("shape", [(3, 7), (2, 3, 4)])
+def test_gradcheck_bias_act_dropout_float64(act, shape):
+    (x, b), _ = _inputs(shape, "cpu", torch.float64, 2)
+    assert torch.autograd.gradcheck(lambda x, b: BiasActDropoutFunction.apply(x, b, 0.4, act, SEED, 0), (x, b))
+
+
+def test_float_activations_match_float64_formulas():
+    # The branch-free float exp/erf/tanh of fls/activations.h against float64 over a wide range:
+    # absolute error ~5e-7 at worst (erf approximation), far inside the fp32 kernel tolerance.
+    x = torch.linspace(-12, 12, 20001, dtype=torch.float64)
+    zero = torch.zeros(1, dtype=torch.float64)
+    for act in ACTS:
+        got = torch.ops.fairseq_lightseq.bias_act_dropout_fwd(x.float().view(-1, 1), torch.zeros(1), 0.0, act, 0, 0)
+        want = reference.activation(x, act).view(-1, 1)
+        torch.testing.assert_close(got.double(), want, rtol=2e-6, atol=1e-6)
+        dx, _ = torch.ops.fairseq_lightseq.bias_act_dropout_bwd(torch.ones(x.numel(), 1), x.float().view(-1, 1),
+                                                                torch.zeros(1), 0.0, act, 0, 0)
+        dref, _ = torch.ops.fairseq_lightseq.bias_act_dropout_bwd(torch.ones(x.numel(), 1, dtype=torch.float64),
+                                                                  x.view(-1, 1), zero, 0.0, act, 0, 0)
+        torch.testing.assert_close(dx.double(), dref, rtol=2e-6, atol=1e-6)
+
+
+def test_dbias_does_not_depend_on_thread_count():
+    x, b = randn(1000, 129, seed=1), randn(129, seed=2)
+    dy = randn(1000, 129, seed=3)
+    f = torch.ops.fairseq_lightseq
+    n = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = f.bias_act_dropout_bwd(dy, x, b, 0.2, "gelu", 5, 0)[1]
+        torch.set_num_threads(max(2, n))
+        many = f.bias_act_dropout_bwd(dy, x, b, 0.2, "gelu", 5, 0)[1]
+    finally:
+        torch.set_num_threads(n)
+    assert torch.equal(one, many)
+
+
+def test_uses_the_compiled_kernels_on_cpu():
+    assert ops.has_kernel("bias_dropout_residual_fwd", "cpu") and ops.has_kernel("bias_act_dropout_fwd", "cpu")
+
+
+def test_zero_rows_and_non_contiguous_input():
+    x = torch.empty(0, 16, requires_grad=True)
+    b = torch.zeros(16, requires_grad=True)
+    y = ops.bias_act_dropout(x, b, 0.1, "gelu")
+    y.sum().backward()
+    assert y.shape == (0, 16) and torch.equal(b.grad, torch.zeros(16))
+    xt = randn(16, 6, seed=4).t()  # [6, 16], not contiguous
+    r = randn(6, 16, seed=5)
+    assert_close(BiasDropoutResidualFunction.apply(xt, torch.ones(16), r, 0.5, 3, 0),
+                 reference.bias_dropout_residual(xt, torch.ones(16), r, 0.5, 3))
+
+
+@pytest.mark.parametrize(
+    "call,match",
+    [
+        (lambda: ops.bias_dropout_residual(torch.randn(4, 8), torch.randn(7), torch.randn(4, 8), 0.1),
+         "bias must have shape"),
+        (lambda: ops.bias_act_dropout(torch.randn(4, 8), torch.randn(8, 1), 0.1), "bias must have shape"),
+        (lambda: ops.bias_dropout_residual(torch.randn(4, 8), torch.randn(8, dtype=torch.float64),
+                                           torch.randn(4, 8), 0.1), "bias has dtype"),
+        (lambda: ops.bias_dropout_residual(torch.randn(4, 8), torch.randn(8), torch.randn(4, 8).double(), 0.1),
+         "residual has dtype"),
+        (lambda: ops.bias_dropout_residual(torch.randn(4, 8), torch.randn(8), torch.randn(4, 9), 0.1),
+         "residual must have shape"),
+        (lambda: ops.bias_act_dropout(torch.randn(4, 8).int(), torch.randn(8).int(), 0.1), "x must be float32"),
+        (lambda: ops.bias_act_dropout(torch.randn(4, 8), torch.randn(8), 1.5), r"p must be in \[0, 1\], got 1.5"),
+        (lambda: ops.bias_dropout_residual(torch.randn(4, 8), torch.randn(8), torch.randn(4, 8), -0.1),
+         r"p must be in \[0, 1\], got -0.1"),
+        (lambda: torch.ops.fairseq_lightseq.bias_act_dropout_fwd(torch.randn(4, 8), torch.randn(8), 0.1, "swish", 0, 0),
+         "act must be one of relu, gelu, gelu_tanh, got 'swish'"),
+        (lambda: torch.ops.fairseq_lightseq.dropout_mask(8, 0.1, 0, -1, torch.device("cpu")), "offset must be >= 0"),
+    ],
+)
+def test_bad_input_names_the_argument(call, match):
+    with pytest.raises(RuntimeError, match=match):
+        call()
+
+
+def test_unknown_activation_is_named_before_any_seed_is_drawn():
+    x, b = torch.randn(2, 4), torch.randn(4)
+    state = torch.random.get_rng_state()
+    with pytest.raises(ValueError, match="'swish'"):
+        ops.bias_act_dropout(x, b, 0.1, "swish")
+    assert torch.equal(torch.random.get_rng_state(), state)
+
+
+def test_traces_under_torch_compile_fake_tensors():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    f = torch.ops.fairseq_lightseq
+    with FakeTensorMode():
+        x, b = torch.empty(3, 5, 64), torch.empty(64)
+        y = f.bias_dropout_residual_fwd(x, b, x, 0.1, 1, 0)
+        dx, db = f.bias_act_dropout_bwd(x, x, b, 0.1, "gelu", 1, 0)
+        m = f.dropout_mask(10, 0.1, 1, 0, torch.device("cpu"))
+    assert y.shape == (3, 5, 64) and dx.shape == (3, 5, 64) and db.shape == (64,)
+    assert m.shape == (10,) and m.dtype == torch.bool
