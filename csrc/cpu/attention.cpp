@@ -12,11 +12,23 @@ namespace fls {
 namespace cpu {
 namespace {
 
-// exp(x) for x <= 0 in float: Cephes' expf (range reduction by ln2 split in two, degree-6
-// polynomial, about 1 ulp). Branch-free so that the row loops vectorise (std::exp does not without
-// -ffast-math); results below e^-87 flush to ~1e-38 instead of denormals, far below fp32 tolerance.
-inline float exp_nonpos(float x) {
-  x = x < -87.0f ? -87.0f : x;
+// The float row loops below are compiled for AVX-512, AVX2 and baseline x86-64, picked at load
+// time (gcc function multi-versioning; single-feature targets, since "arch=" targets also demand
+// features such as rdrnd that some virtual CPUs hide): the extension is built without -march, and torch's own
+// softmax runs AVX-512 code, so baseline SSE2 alone would be ~3x slower than what we replace.
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+#define FLS_MULTIVERSION __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define FLS_MULTIVERSION
+#endif
+
+// exp(x) for x in [-100, 0] in float: Cephes' expf (range reduction by ln2 split in two, degree-6
+// polynomial, about 1 ulp), branch-free so that the row loops vectorise (std::exp does not without
+// -ffast-math). 2^n is built from exponent bits with n clamped at -127, which encodes exactly 0: so
+// x <= -88.7 (masked keys are clamped to -100 by the caller) gives 0 instead of a denormal. The caller
+// clamps in a separate loop: a clamp inside this function lets gcc branch to a constant and stop
+// vectorising.
+inline float exp_clamped(float x) {
   const float magic = 12582912.0f;  // 1.5 * 2^23: adding then subtracting it rounds to an integer
   const float n = (x * 1.44269504088896341f + magic) - magic;
   const float r = (x - n * 0.693359375f) + n * 2.12194440e-4f;
@@ -27,15 +39,18 @@ inline float exp_nonpos(float x) {
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
   p = p * (r * r) + r + 1.0f;
-  const float two_n = std::bit_cast<float>((static_cast<int32_t>(n) + 127) << 23);  // n in [-126, 0]
-  return p * two_n;
+  const int32_t ni = std::max(static_cast<int32_t>(n), -127);
+  return p * std::bit_cast<float>((ni + 127) << 23);
 }
-inline double exp_nonpos(double x) { return std::exp(x); }  // float64 exists for gradcheck only
+inline float exp_arg_clamp(float x) { return std::max(x, -100.0f); }
+// float64 exists for gradcheck only: exact std::exp, with -inf (masked) giving 0.
+inline double exp_clamped(double x) { return std::exp(x); }
+inline double exp_arg_clamp(double x) { return x; }
 
 // u[k] = word k % 4 of philox4x32_10(group g0 + k / 4) for k < 4 * n: the stream words of 4n
 // consecutive elements. Written as lane loops over kW groups so the 32x32->64 multiplies vectorise;
 // the words equal fls::philox4x32_10's (philox.h) bit for bit.
-void philox_words(uint64_t g0, int64_t n, uint64_t seed, uint32_t* u) {
+FLS_MULTIVERSION void philox_words(uint64_t g0, int64_t n, uint64_t seed, uint32_t* u) {
   constexpr int kW = 16;
   for (int64_t base = 0; base < n; base += kW) {
     uint32_t c0[kW], c1[kW], c2[kW], c3[kW];
@@ -47,11 +62,7 @@ void philox_words(uint64_t g0, int64_t n, uint64_t seed, uint32_t* u) {
       c3[i] = 0;
     }
     uint32_t k0 = static_cast<uint32_t>(seed), k1 = static_cast<uint32_t>(seed >> 32);
-    for (int r = 0; r < 10; ++r) {
-      if (r > 0) {
-        k0 += 0x9E3779B9u;
-        k1 += 0xBB67AE85u;
-      }
+    for (int r = 0; r < 10; ++r) {  // the key is bumped after each round: the same as philox.h
       for (int i = 0; i < kW; ++i) {
         const uint64_t p0 = static_cast<uint64_t>(0xD2511F53u) * c0[i];
         const uint64_t p1 = static_cast<uint64_t>(0xCD9E8D57u) * c2[i];
@@ -62,6 +73,8 @@ void philox_words(uint64_t g0, int64_t n, uint64_t seed, uint32_t* u) {
         c2[i] = n2;
         c3[i] = static_cast<uint32_t>(p0);
       }
+      k0 += 0x9E3779B9u;
+      k1 += 0xBB67AE85u;
     }
     const int m = static_cast<int>(std::min<int64_t>(kW, n - base));
     for (int i = 0; i < m; ++i) {
@@ -76,7 +89,7 @@ void philox_words(uint64_t g0, int64_t n, uint64_t seed, uint32_t* u) {
 
 // fac[j] = dropout multiplier (1/(1-p) or 0) of stream element s0 + j, j < n. `u` holds >= n + 8 words.
 template <typename A>
-void dropout_factors(uint64_t s0, int64_t n, const DropoutParams& d, uint32_t* u, A* fac) {
+inline void dropout_factors(uint64_t s0, int64_t n, const DropoutParams& d, uint32_t* u, A* fac) {
   const uint64_t g0 = s0 >> 2;
   const int64_t lane0 = static_cast<int64_t>(s0 & 3);
   philox_words(g0, (lane0 + n + 3) / 4, d.seed, u);
@@ -85,42 +98,140 @@ void dropout_factors(uint64_t s0, int64_t n, const DropoutParams& d, uint32_t* u
   for (int64_t j = 0; j < n; ++j) fac[j] = (u[lane0 + j] >> 8) >= thr ? keep_scale : A(0);
 }
 
-// Reductions with 8 independent accumulators: a fixed order (deterministic) that still pipelines.
+
+// Reductions with 16 independent accumulators: a fixed order (deterministic) that vectorises.
 template <typename A>
-A row_max(const A* z, int64_t n) {
-  A m[8];
-  for (int k = 0; k < 8; ++k) m[k] = -std::numeric_limits<A>::infinity();
+inline A row_max(const A* z, int64_t n) {
+  A m[16];
+  for (int k = 0; k < 16; ++k) m[k] = -std::numeric_limits<A>::infinity();
   int64_t j = 0;
-  for (; j + 8 <= n; j += 8)
-    for (int k = 0; k < 8; ++k) m[k] = z[j + k] > m[k] ? z[j + k] : m[k];
+  for (; j + 16 <= n; j += 16)
+    for (int k = 0; k < 16; ++k) m[k] = z[j + k] > m[k] ? z[j + k] : m[k];
   for (; j < n; ++j) m[0] = z[j] > m[0] ? z[j] : m[0];
   A r = m[0];
-  for (int k = 1; k < 8; ++k) r = m[k] > r ? m[k] : r;
+  for (int k = 1; k < 16; ++k) r = m[k] > r ? m[k] : r;
   return r;
 }
 
 template <typename A>
-A row_dot(const A* a, const A* b, int64_t n) {
-  A s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+inline A row_sum(const A* a, int64_t n) {
+  A s[16] = {};
   int64_t j = 0;
-  for (; j + 8 <= n; j += 8)
-    for (int k = 0; k < 8; ++k) s[k] += a[j + k] * b[j + k];
-  for (; j < n; ++j) s[0] += a[j] * b[j];
-  return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
+  for (; j + 16 <= n; j += 16)
+    for (int k = 0; k < 16; ++k) s[k] += a[j + k];
+  for (; j < n; ++j) s[0] += a[j];
+  A r = 0;
+  for (int k = 0; k < 16; ++k) r += s[k];
+  return r;
 }
 
+// sum_j fac[j] * dout[j] * y[j] (fac == nullptr: no dropout).
 template <typename A>
-A row_sum(const A* a, int64_t n) {
-  A s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+inline A row_dot3(const A* fac, const A* dout, const A* y, int64_t n) {
+  A s[16] = {};
   int64_t j = 0;
-  for (; j + 8 <= n; j += 8)
-    for (int k = 0; k < 8; ++k) s[k] += a[j + k];
-  for (; j < n; ++j) s[0] += a[j];
-  return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
+  if (fac) {
+    for (; j + 16 <= n; j += 16)
+      for (int k = 0; k < 16; ++k) s[k] += fac[j + k] * dout[j + k] * y[j + k];
+    for (; j < n; ++j) s[0] += fac[j] * dout[j] * y[j];
+  } else {
+    for (; j + 16 <= n; j += 16)
+      for (int k = 0; k < 16; ++k) s[k] += dout[j + k] * y[j + k];
+    for (; j < n; ++j) s[0] += dout[j] * y[j];
+  }
+  A r = 0;
+  for (int k = 0; k < 16; ++k) r += s[k];
+  return r;
+}
+
+// ---- Row kernels on acc_t rows (A = float: multi-versioned; A = double: gradcheck only) ----
+
+// z[j] = sc * s[j], or -inf where pad[j] (pad may be nullptr).
+template <typename A>
+inline void scale_mask_row_t(const A* s, const uint8_t* pad, A sc, A* z, int64_t n) {
+  const A ninf = -std::numeric_limits<A>::infinity();
+  if (pad) {
+    for (int64_t j = 0; j < n; ++j) z[j] = pad[j] ? ninf : sc * s[j];
+  } else {
+    for (int64_t j = 0; j < n; ++j) z[j] = sc * s[j];
+  }
+}
+FLS_MULTIVERSION void scale_mask_row(const float* s, const uint8_t* pad, float sc, float* z, int64_t n) {
+  scale_mask_row_t(s, pad, sc, z, n);
+}
+void scale_mask_row(const double* s, const uint8_t* pad, double sc, double* z, int64_t n) {
+  scale_mask_row_t(s, pad, sc, z, n);
+}
+
+// In place z -> exp(z - max) (0 where z == -inf); returns the sum, 0 when every entry is -inf.
+FLS_MULTIVERSION float exp_row(float* z, int64_t n) {
+  const float m = row_max(z, n);
+  if (m == -std::numeric_limits<float>::infinity()) return 0.0f;
+  for (int64_t j = 0; j < n; ++j) z[j] = exp_arg_clamp(z[j] - m);  // masked: -inf -> -100
+  for (int64_t j = 0; j < n; ++j) z[j] = exp_clamped(z[j]);          // masked -> exactly 0
+  return row_sum(z, n);
+}
+double exp_row(double* z, int64_t n) {
+  const double m = row_max(z, n);
+  if (m == -std::numeric_limits<double>::infinity()) return 0.0;
+  for (int64_t j = 0; j < n; ++j) z[j] = std::exp(z[j] - m);
+  return row_sum(z, n);
+}
+
+// y[j] = e[j] * inv; out[j] = y[j] * fac[j] when fac (dropout) is given.
+template <typename A>
+inline void write_row_t(const A* e, A inv, const A* fac, A* y, A* out, int64_t n) {
+  for (int64_t j = 0; j < n; ++j) y[j] = e[j] * inv;
+  if (fac)
+    for (int64_t j = 0; j < n; ++j) out[j] = e[j] * inv * fac[j];
+}
+FLS_MULTIVERSION void write_row(const float* e, float inv, const float* fac, float* y, float* out, int64_t n) {
+  write_row_t(e, inv, fac, y, out, n);
+}
+void write_row(const double* e, double inv, const double* fac, double* y, double* out, int64_t n) {
+  write_row_t(e, inv, fac, y, out, n);
+}
+
+// ds[j] = sc * y[j] * (g[j] - sum_k g[k] y[k]), g = fac * dout (fac == nullptr: no dropout).
+template <typename A>
+inline void bwd_row_t(const A* dout, const A* y, const A* fac, A sc, A* ds, int64_t n) {
+  const A dot = row_dot3(fac, dout, y, n);
+  if (fac) {
+    for (int64_t j = 0; j < n; ++j) ds[j] = sc * y[j] * (fac[j] * dout[j] - dot);
+  } else {
+    for (int64_t j = 0; j < n; ++j) ds[j] = sc * y[j] * (dout[j] - dot);
+  }
+}
+FLS_MULTIVERSION void bwd_row(const float* dout, const float* y, const float* fac, float sc, float* ds, int64_t n) {
+  bwd_row_t(dout, y, fac, sc, ds, n);
+}
+void bwd_row(const double* dout, const double* y, const double* fac, double sc, double* ds, int64_t n) {
+  bwd_row_t(dout, y, fac, sc, ds, n);
 }
 
 // Rows per parallel chunk: about 16k elements of work, at least one row.
 int64_t row_grain(int64_t cols) { return std::max<int64_t>(1, 16384 / std::max<int64_t>(1, cols)); }
+
+// A row of T as acc_t<T>: the row itself when T is the math type, else converted into buf.
+template <typename T>
+const acc_t<T>* load_row(const T* src, acc_t<T>* buf, int64_t n) {
+  if constexpr (std::is_same<T, acc_t<T>>::value) {
+    return src;
+  } else {
+    for (int64_t j = 0; j < n; ++j) buf[j] = static_cast<acc_t<T>>(src[j]);
+    return buf;
+  }
+}
+// Where to compute a row destined for dst: dst itself when T is the math type, else buf.
+template <typename T>
+acc_t<T>* row_target(T* dst, acc_t<T>* buf) {
+  if constexpr (std::is_same<T, acc_t<T>>::value) return dst; else return buf;
+}
+template <typename T>
+void store_row(const acc_t<T>* buf, T* dst, int64_t n) {
+  if constexpr (!std::is_same<T, acc_t<T>>::value)
+    for (int64_t j = 0; j < n; ++j) dst[j] = static_cast<T>(buf[j]);
+}
 
 }  // namespace
 
@@ -132,36 +243,34 @@ void attention_softmax_fwd(const T* scores, const bool* key_padding_mask, T* y, 
   if (rows == 0 || Tk == 0) return;
   const bool drop = d.threshold != 0;
   const A sc = static_cast<A>(scale);
-  const A ninf = -std::numeric_limits<A>::infinity();
   parallel_for(rows, row_grain(Tk), [&](int64_t begin, int64_t end) {
-    std::vector<A> z(Tk), fac(drop ? Tk : 0);
+    std::vector<A> z(Tk), sbuf(Tk), ybuf(Tk), obuf(Tk), fac(drop ? Tk : 0);
     std::vector<uint32_t> u(drop ? Tk + 8 : 0);
     for (int64_t r = begin; r < end; ++r) {
       const int64_t b = r / (H * Tq), i = r % Tq;
-      const T* s = scores + r * Tk;
-      // Keys j < lim survive the causal mask; the padding mask is applied on top.
+      // Keys j < lim survive the causal mask; the padding mask is applied on top. Keys j >= lim are
+      // not computed at all (zeros).
       const int64_t lim = causal ? std::clamp<int64_t>(i + (Tk - Tq) + 1, 0, Tk) : Tk;
-      const bool* pad = key_padding_mask ? key_padding_mask + b * Tk : nullptr;
-      if (pad) {
-        for (int64_t j = 0; j < lim; ++j) z[j] = pad[j] ? ninf : sc * static_cast<A>(s[j]);
-      } else {
-        for (int64_t j = 0; j < lim; ++j) z[j] = sc * static_cast<A>(s[j]);
-      }
-      const A m = row_max(z.data(), lim);
+      // Read as bytes: loops over bool loads do not vectorise.
+      const uint8_t* pad =
+          key_padding_mask ? reinterpret_cast<const uint8_t*>(key_padding_mask) + b * Tk : nullptr;
       T* yr = y + r * Tk;
       T* outr = drop ? out + r * Tk : nullptr;
-      if (m == ninf) {  // every key masked (or lim == 0): zeros, not 0/0
+      scale_mask_row(load_row(scores + r * Tk, sbuf.data(), lim), pad, sc, z.data(), lim);
+      const A sum = exp_row(z.data(), lim);
+      if (sum == A(0)) {  // every key masked (or lim == 0): zeros, not 0/0
         std::fill(yr, yr + Tk, T(0));
         if (drop) std::fill(outr, outr + Tk, T(0));
         continue;
       }
-      for (int64_t j = 0; j < lim; ++j) z[j] = z[j] == ninf ? A(0) : exp_nonpos(z[j] - m);
-      const A inv = A(1) / row_sum(z.data(), lim);
-      for (int64_t j = 0; j < lim; ++j) yr[j] = static_cast<T>(z[j] * inv);
+      A* yw = row_target(yr, ybuf.data());
+      A* ow = drop ? row_target(outr, obuf.data()) : nullptr;
+      if (drop) dropout_factors(d.offset + static_cast<uint64_t>(r * Tk), lim, d, u.data(), fac.data());
+      write_row(z.data(), A(1) / sum, drop ? fac.data() : nullptr, yw, ow, lim);
+      store_row<T>(yw, yr, lim);
       std::fill(yr + lim, yr + Tk, T(0));
       if (drop) {
-        dropout_factors(d.offset + static_cast<uint64_t>(r * Tk), lim, d, u.data(), fac.data());
-        for (int64_t j = 0; j < lim; ++j) outr[j] = static_cast<T>(z[j] * inv * fac[j]);
+        store_row<T>(ow, outr, lim);
         std::fill(outr + lim, outr + Tk, T(0));
       }
     }
@@ -176,22 +285,15 @@ void attention_softmax_bwd(const T* dout, const T* y, T* dscores, int64_t rows, 
   const bool drop = d.threshold != 0;
   const A sc = static_cast<A>(scale);
   parallel_for(rows, row_grain(Tk), [&](int64_t begin, int64_t end) {
-    std::vector<A> g(Tk), yv(Tk), fac(drop ? Tk : 0);
+    std::vector<A> gbuf(Tk), ybuf(Tk), dbuf(Tk), fac(drop ? Tk : 0);
     std::vector<uint32_t> u(drop ? Tk + 8 : 0);
     for (int64_t r = begin; r < end; ++r) {
-      const T* dr = dout + r * Tk;
-      const T* yr = y + r * Tk;
       // The dropout mask is regenerated from (seed, offset + flat index), not stored.
-      if (drop) {
-        dropout_factors(d.offset + static_cast<uint64_t>(r * Tk), Tk, d, u.data(), fac.data());
-        for (int64_t j = 0; j < Tk; ++j) g[j] = fac[j] * static_cast<A>(dr[j]);
-      } else {
-        for (int64_t j = 0; j < Tk; ++j) g[j] = static_cast<A>(dr[j]);
-      }
-      for (int64_t j = 0; j < Tk; ++j) yv[j] = static_cast<A>(yr[j]);
-      const A dot = row_dot(g.data(), yv.data(), Tk);
-      T* ds = dscores + r * Tk;
-      for (int64_t j = 0; j < Tk; ++j) ds[j] = static_cast<T>(sc * yv[j] * (g[j] - dot));
+      if (drop) dropout_factors(d.offset + static_cast<uint64_t>(r * Tk), Tk, d, u.data(), fac.data());
+      A* dw = row_target(dscores + r * Tk, dbuf.data());
+      bwd_row(load_row(dout + r * Tk, gbuf.data(), Tk), load_row(y + r * Tk, ybuf.data(), Tk),
+              drop ? fac.data() : nullptr, sc, dw, Tk);
+      store_row<T>(dw, dscores + r * Tk, Tk);
     }
   });
 }
