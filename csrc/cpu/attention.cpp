@@ -298,24 +298,29 @@ void attention_softmax_bwd(const T* dout, const T* y, T* dscores, int64_t rows, 
   });
 }
 
+// Both permutations walk token rows (t, b) in b-major order (b outer, t inner): the token-major
+// side is one contiguous row of nparts*E per step and the head-major side is nparts*H streams that
+// each advance by hd per step, which the prefetchers follow. (t-major order jumps between B*H
+// blocks every row; walking (b, h) blocks strides a page per hd-run on the token side.)
 template <typename T>
 void split_heads(const T* x, int64_t row_stride, const T* bias, T* const* out, int nparts, int64_t Tlen,
                  int64_t B, int64_t H, int64_t hd) {
   using A = acc_t<T>;
   const int64_t E = H * hd;
   parallel_for(Tlen * B, row_grain(nparts * E), [&](int64_t begin, int64_t end) {
-    for (int64_t row = begin; row < end; ++row) {
-      const int64_t t = row / B, b = row % B;
+    for (int64_t bt = begin; bt < end; ++bt) {
+      const int64_t b = bt / Tlen, t = bt % Tlen;
+      const T* src = x + (t * B + b) * row_stride;
       for (int p = 0; p < nparts; ++p) {
         for (int64_t h = 0; h < H; ++h) {
           const int64_t c0 = p * E + h * hd;
-          const T* src = x + row * row_stride + c0;
-          T* dst = out[p] + ((b * H + h) * Tlen + t) * hd;
+          const T* sr = src + c0;
+          T* dr = out[p] + ((b * H + h) * Tlen + t) * hd;
           if (bias) {
             const T* bs = bias + c0;
-            for (int64_t c = 0; c < hd; ++c) dst[c] = static_cast<T>(static_cast<A>(src[c]) + static_cast<A>(bs[c]));
+            for (int64_t c = 0; c < hd; ++c) dr[c] = static_cast<T>(static_cast<A>(sr[c]) + static_cast<A>(bs[c]));
           } else {
-            std::copy(src, src + hd, dst);
+            for (int64_t c = 0; c < hd; ++c) dr[c] = sr[c];
           }
         }
       }
@@ -328,12 +333,14 @@ void merge_heads(const T* const* in, int nparts, T* y, int64_t row_stride, int64
                  int64_t hd) {
   const int64_t E = H * hd;
   parallel_for(Tlen * B, row_grain(nparts * E), [&](int64_t begin, int64_t end) {
-    for (int64_t row = begin; row < end; ++row) {
-      const int64_t t = row / B, b = row % B;
+    for (int64_t bt = begin; bt < end; ++bt) {
+      const int64_t b = bt / Tlen, t = bt % Tlen;
+      T* dst = y + (t * B + b) * row_stride;
       for (int p = 0; p < nparts; ++p) {
         for (int64_t h = 0; h < H; ++h) {
-          const T* src = in[p] + ((b * H + h) * Tlen + t) * hd;
-          std::copy(src, src + hd, y + row * row_stride + p * E + h * hd);
+          const T* sr = in[p] + ((b * H + h) * Tlen + t) * hd;
+          T* dr = dst + p * E + h * hd;
+          for (int64_t c = 0; c < hd; ++c) dr[c] = sr[c];
         }
       }
     }
