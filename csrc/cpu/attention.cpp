@@ -1,8 +1,8 @@
 #include "attention.h"
 
 #include <algorithm>
-#include <bit>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -40,7 +40,10 @@ inline float exp_clamped(float x) {
   p = p * r + 5.0000001201e-1f;
   p = p * (r * r) + r + 1.0f;
   const int32_t ni = std::max(static_cast<int32_t>(n), -127);
-  return p * std::bit_cast<float>((ni + 127) << 23);
+  const int32_t bits = (ni + 127) << 23;
+  float two_n;
+  std::memcpy(&two_n, &bits, sizeof two_n);  // C++17 bit cast; vectorises like std::bit_cast
+  return p * two_n;
 }
 inline float exp_arg_clamp(float x) { return std::max(x, -100.0f); }
 // float64 exists for gradcheck only: exact std::exp, with -inf (masked) giving 0.
@@ -168,8 +171,21 @@ FLS_MULTIVERSION float exp_row(float* z, int64_t n) {
   const float m = row_max(z, n);
   if (m == -std::numeric_limits<float>::infinity()) return 0.0f;
   for (int64_t j = 0; j < n; ++j) z[j] = exp_arg_clamp(z[j] - m);  // masked: -inf -> -100
-  for (int64_t j = 0; j < n; ++j) z[j] = exp_clamped(z[j]);          // masked -> exactly 0
-  return row_sum(z, n);
+  // exp (masked -> exactly 0) and the sum in one pass, 16 accumulators (fixed order).
+  float acc[16] = {};
+  int64_t j = 0;
+  for (; j + 16 <= n; j += 16)
+    for (int k = 0; k < 16; ++k) {
+      z[j + k] = exp_clamped(z[j + k]);
+      acc[k] += z[j + k];
+    }
+  for (; j < n; ++j) {
+    z[j] = exp_clamped(z[j]);
+    acc[0] += z[j];
+  }
+  float r = 0.0f;
+  for (int k = 0; k < 16; ++k) r += acc[k];
+  return r;
 }
 double exp_row(double* z, int64_t n) {
   const double m = row_max(z, n);
