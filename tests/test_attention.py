@@ -302,3 +302,16 @@ def test_traces_under_torch_compile_fake_tensors():
         mh = O.merge_heads(q, 4)
     assert y.shape == out.shape == (2, 4, 3, 5)
     assert q.shape == (8, 3, 4) and dqkv.shape == (3, 2, 48) and db.shape == (48,) and mh.shape == (3, 2, 16)
+
+
+@pytest.mark.parametrize("p", [0.0, 0.3])
+def test_bfloat16_equals_float32_kernel_rounded_once(p):
+    """The CPU bf16 path converts rows with its own vectorised bf16<->fp32 code: it must round as c10."""
+    O = torch.ops.fairseq_lightseq
+    s = (randn(3, 2, 7, 301, seed=1) * 5).bfloat16()
+    g = randn(3, 2, 7, 301, seed=2).bfloat16()
+    y, out = O.attention_softmax_fwd(s, None, True, 0.8, p, 5, 3)
+    y32, out32 = O.attention_softmax_fwd(s.float(), None, True, 0.8, p, 5, 3)
+    assert torch.equal(y, y32.bfloat16()) and torch.equal(out, out32.bfloat16())
+    ds = O.attention_softmax_bwd(g, y, 0.8, p, 5, 3)
+    assert torch.equal(ds, O.attention_softmax_bwd(g.float(), y.float(), 0.8, p, 5, 3).bfloat16())
