@@ -56,7 +56,8 @@ def _softmax_pair(case, device, dtype, p, seed=11, offset=0, scale=0.37):
 
 
 @pytest.mark.parametrize("device,dtype", DEVICE_DTYPES)
-@pytest.mark.parametrize("case", SOFTMAX_CASES, ids=lambda c: "x".join(map(str, c[:4])) + f"-{c[4]}-{'causal' if c[5] else 'full'}")
+@pytest.mark.parametrize("case", SOFTMAX_CASES,
+                         ids=lambda c: "x".join(map(str, c[:4])) + f"-{c[4]}-{'causal' if c[5] else 'full'}")
 @pytest.mark.parametrize("p", [0.0, 0.25])
 def test_softmax_dropout_matches_reference(device, dtype, case, p):
     x, xr, y, yr = _softmax_pair(case, device, dtype, p)
@@ -267,7 +268,8 @@ def test_cuda_dropout_mask_equals_cpu():
          "key_padding_mask must have shape"),
         (lambda: SM(randn(2, 1, 3, 5), torch.zeros(2, 5), False, 1.0, 0.0, 0, 0), "key_padding_mask must be bool"),
         (lambda: SM(randn(2, 3, 5), None, False, 1.0, 0.0, 0, 0), "scores must be 4-D"),
-        (lambda: SM(randn(2, 1, 3, 5).half(), None, False, 1.0, 0.0, 0, 0), "scores must be float32, float64 or bfloat16"),
+        (lambda: SM(randn(2, 1, 3, 5).half(), None, False, 1.0, 0.0, 0, 0),
+         "scores must be float32, float64 or bfloat16"),
         (lambda: SM(randn(2, 1, 3, 5), None, False, 1.0, 1.5, 0, 0), "dropout p must be in"),
         (lambda: SM(randn(2, 1, 3, 5), None, False, float("nan"), 0.0, 0, 0), "scale must be finite"),
         (lambda: ops.qkv_bias_split(randn(2, 3, 30), randn(30), 4), "num_heads 4 must divide"),

@@ -12,10 +12,10 @@ namespace fls {
 namespace cpu {
 namespace {
 
-// The float row loops below are compiled for AVX-512, AVX2 and baseline x86-64, picked at load
-// time (gcc function multi-versioning; single-feature targets, since "arch=" targets also demand
-// features such as rdrnd that some virtual CPUs hide): the extension is built without -march, and torch's own
-// softmax runs AVX-512 code, so baseline SSE2 alone would be ~3x slower than what we replace.
+// The float row loops below are compiled for AVX-512, AVX2 and baseline x86-64, picked at load time
+// (gcc function multi-versioning). The extension is built without -march and torch's own softmax
+// runs AVX-512 code, so baseline SSE2 alone would be ~3x slower than what we replace. Single-feature
+// targets: "arch=" targets also demand features (e.g. rdrnd) that some virtual CPUs hide.
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
 #define FLS_MULTIVERSION __attribute__((target_clones("avx512f", "avx2", "default")))
 #else
