@@ -1,26 +1,122 @@
-"""Differentiable attention probabilities (scale + masks + softmax + dropout) and head split/merge."""
+"""Differentiable attention probabilities (scale + masks + softmax + dropout) and head split/merge,
+over torch.ops.fairseq_lightseq.{attention_softmax,qkv_bias_split,merge_heads}{,_bwd}.
+
+attention_softmax_fwd returns (y, out): y = softmax(scale * scores + masks) in scores' dtype, saved
+for backward; out = the dropped probabilities, or an empty tensor when dropout is off
+(floor(p * 2^24) == 0), in which case y itself is the result. Backward regenerates the dropout mask
+from (seed, offset) instead of storing it.
+"""
 from typing import Optional
 
 import torch
 
 from . import _backend, reference
 from .dropout import _draw
+from .reference.philox import dropout_threshold
+
+
+class AttentionSoftmaxDropoutFunction(torch.autograd.Function):
+    """apply(scores, key_padding_mask, causal, scale, p, seed, offset=0): explicit seed, so tests
+    (gradcheck with dropout) see one fixed mask."""
+
+    @staticmethod
+    def forward(ctx, scores, key_padding_mask, causal, scale, p, seed, offset=0):
+        y, out = _backend.ops().attention_softmax_fwd(scores, key_padding_mask, causal, scale, p, seed, offset)
+        ctx.save_for_backward(y)
+        ctx.args = (scale, p, seed, offset)
+        return y if dropout_threshold(p) == 0 else out
+
+    @staticmethod
+    def backward(ctx, dout):
+        (y,) = ctx.saved_tensors
+        dscores = _backend.ops().attention_softmax_bwd(dout, y, *ctx.args)
+        return dscores, None, None, None, None, None, None
 
 
 def attention_softmax_dropout(scores: torch.Tensor, key_padding_mask: Optional[torch.Tensor] = None,
                               causal: bool = False, scale: float = 1.0, p: float = 0.0,
                               training: bool = True) -> torch.Tensor:
-    """dropout(softmax(scale * scores + masks)). scores: [B, H, Tq, Tk]; key_padding_mask: [B, Tk]
-    bool (True = pad); causal: query i sees keys j <= i + Tk - Tq. All-masked rows give zeros."""
+    """dropout(softmax(scale * scores + masks)). scores: [B, H, Tq, Tk] fp32/fp64/bf16 (CPU) or
+    fp32/fp16/bf16 (CUDA); key_padding_mask: [B, Tk] bool (True = pad) or None; causal: query i sees
+    keys j <= i + Tk - Tq. All-masked rows give zeros. Returns [B, H, Tq, Tk], scores' dtype."""
     p, seed = _draw(p, training)
+    if _backend.use_kernel("attention_softmax_fwd", scores.device.type):
+        return AttentionSoftmaxDropoutFunction.apply(scores, key_padding_mask, causal, scale, p, seed)
     return reference.attention_softmax_dropout(scores, key_padding_mask, causal, scale, p, seed)
+
+
+class QkvBiasSplitFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, qkv, bias, num_heads):
+        ctx.num_heads = num_heads
+        return _backend.ops().qkv_bias_split(qkv, bias, num_heads)
+
+    @staticmethod
+    def backward(ctx, dq, dk, dv):
+        # An output that did not reach the loss has no gradient: use zeros of its shape.
+        ref = next(g for g in (dq, dk, dv) if g is not None)
+        dq, dk, dv = [torch.zeros_like(ref) if g is None else g for g in (dq, dk, dv)]
+        dqkv, dbias = _backend.ops().qkv_bias_split_bwd(dq, dk, dv, ctx.num_heads)
+        return dqkv, dbias, None
+
+
+class MergeHeadsFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, num_heads):
+        ctx.num_heads = num_heads
+        return _backend.ops().merge_heads(x, num_heads)
+
+    @staticmethod
+    def backward(ctx, dy):
+        return _backend.ops().merge_heads_bwd(dy, ctx.num_heads), None
 
 
 def qkv_bias_split(qkv: torch.Tensor, bias: torch.Tensor, num_heads: int):
     """qkv: [T, B, 3E] + bias [3E] -> (q, k, v), each [B*heads, T, E/heads] contiguous."""
+    if _backend.use_kernel("qkv_bias_split", qkv.device.type):
+        return QkvBiasSplitFunction.apply(qkv, bias, num_heads)
     return reference.qkv_bias_split(qkv, bias, num_heads)
 
 
 def merge_heads(x: torch.Tensor, num_heads: int) -> torch.Tensor:
     """[B*heads, T, head_dim] -> [T, B, E]."""
+    if _backend.use_kernel("merge_heads", x.device.type):
+        return MergeHeadsFunction.apply(x, num_heads)
     return reference.merge_heads(x, num_heads)
+
+
+@_backend.register_fake("attention_softmax_fwd")
+def _attention_softmax_fwd_fake(scores, key_padding_mask, causal, scale, p, seed, offset):
+    out = torch.empty_like(scores) if dropout_threshold(p) else scores.new_empty((0,))
+    return torch.empty_like(scores), out
+
+
+@_backend.register_fake("attention_softmax_bwd")
+def _attention_softmax_bwd_fake(dout, y, scale, p, seed, offset):
+    return torch.empty_like(y)
+
+
+@_backend.register_fake("qkv_bias_split")
+def _qkv_bias_split_fake(qkv, bias, num_heads):
+    T, B, E3 = qkv.shape
+    hd = E3 // 3 // num_heads
+    return tuple(qkv.new_empty((B * num_heads, T, hd)) for _ in range(3))
+
+
+@_backend.register_fake("qkv_bias_split_bwd")
+def _qkv_bias_split_bwd_fake(dq, dk, dv, num_heads):
+    BH, T, hd = dq.shape
+    E = num_heads * hd
+    return dq.new_empty((T, BH // num_heads, 3 * E)), dq.new_empty((3 * E,))
+
+
+@_backend.register_fake("merge_heads")
+def _merge_heads_fake(x, num_heads):
+    BH, T, hd = x.shape
+    return x.new_empty((T, BH // num_heads, num_heads * hd))
+
+
+@_backend.register_fake("merge_heads_bwd")
+def _merge_heads_bwd_fake(dy, num_heads):
+    T, B, E = dy.shape
+    return dy.new_empty((B * num_heads, T, E // num_heads))

@@ -1,0 +1,409 @@
+#include "attention.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "fls/philox.h"
+
+namespace fls {
+namespace cpu {
+namespace {
+
+// The float row loops below are compiled for AVX-512, AVX2 and baseline x86-64, picked at load time
+// (gcc function multi-versioning). The extension is built without -march and torch's own softmax
+// runs AVX-512 code, so baseline SSE2 alone would be ~3x slower than what we replace. Single-feature
+// targets: "arch=" targets also demand features (e.g. rdrnd) that some virtual CPUs hide.
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+#define FLS_MULTIVERSION __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define FLS_MULTIVERSION
+#endif
+
+// exp(x) for x in [-100, 0] in float: Cephes' expf (range reduction by ln2 split in two, degree-6
+// polynomial, about 1 ulp), branch-free so that the row loops vectorise (std::exp does not without
+// -ffast-math). 2^n is built from exponent bits with n clamped at -127, which encodes exactly 0: so
+// x <= -88.7 (masked keys are clamped to -100 by the caller) gives 0 instead of a denormal. The caller
+// clamps in a separate loop: a clamp inside this function lets gcc branch to a constant and stop
+// vectorising.
+inline float exp_clamped(float x) {
+  const float magic = 12582912.0f;  // 1.5 * 2^23: adding then subtracting it rounds to an integer
+  const float n = (x * 1.44269504088896341f + magic) - magic;
+  const float r = (x - n * 0.693359375f) + n * 2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * (r * r) + r + 1.0f;
+  const int32_t ni = std::max(static_cast<int32_t>(n), -127);
+  const int32_t bits = (ni + 127) << 23;
+  float two_n;
+  std::memcpy(&two_n, &bits, sizeof two_n);  // C++17 bit cast; vectorises like std::bit_cast
+  return p * two_n;
+}
+inline float exp_arg_clamp(float x) { return std::max(x, -100.0f); }
+// float64 exists for gradcheck only: exact std::exp, with -inf (masked) giving 0.
+inline double exp_clamped(double x) { return std::exp(x); }
+inline double exp_arg_clamp(double x) { return x; }
+
+// u[k] = word k % 4 of philox4x32_10(group g0 + k / 4) for k < 4 * n: the stream words of 4n
+// consecutive elements. Written as lane loops over kW groups so the 32x32->64 multiplies vectorise;
+// the words equal fls::philox4x32_10's (philox.h) bit for bit.
+FLS_MULTIVERSION void philox_words(uint64_t g0, int64_t n, uint64_t seed, uint32_t* u) {
+  constexpr int kW = 16;
+  for (int64_t base = 0; base < n; base += kW) {
+    uint32_t c0[kW], c1[kW], c2[kW], c3[kW];
+    for (int i = 0; i < kW; ++i) {
+      const uint64_t g = g0 + static_cast<uint64_t>(base + i);
+      c0[i] = static_cast<uint32_t>(g);
+      c1[i] = static_cast<uint32_t>(g >> 32);
+      c2[i] = 0;
+      c3[i] = 0;
+    }
+    uint32_t k0 = static_cast<uint32_t>(seed), k1 = static_cast<uint32_t>(seed >> 32);
+    for (int r = 0; r < 10; ++r) {  // the key is bumped after each round: the same as philox.h
+      for (int i = 0; i < kW; ++i) {
+        const uint64_t p0 = static_cast<uint64_t>(0xD2511F53u) * c0[i];
+        const uint64_t p1 = static_cast<uint64_t>(0xCD9E8D57u) * c2[i];
+        const uint32_t n0 = static_cast<uint32_t>(p1 >> 32) ^ c1[i] ^ k0;
+        const uint32_t n2 = static_cast<uint32_t>(p0 >> 32) ^ c3[i] ^ k1;
+        c0[i] = n0;
+        c1[i] = static_cast<uint32_t>(p1);
+        c2[i] = n2;
+        c3[i] = static_cast<uint32_t>(p0);
+      }
+      k0 += 0x9E3779B9u;
+      k1 += 0xBB67AE85u;
+    }
+    const int m = static_cast<int>(std::min<int64_t>(kW, n - base));
+    for (int i = 0; i < m; ++i) {
+      uint32_t* w = u + 4 * (base + i);
+      w[0] = c0[i];
+      w[1] = c1[i];
+      w[2] = c2[i];
+      w[3] = c3[i];
+    }
+  }
+}
+
+// fac[j] = dropout multiplier (1/(1-p) or 0) of stream element s0 + j, j < n. `u` holds >= n + 8 words.
+template <typename A>
+inline void dropout_factors(uint64_t s0, int64_t n, const DropoutParams& d, uint32_t* u, A* fac) {
+  const uint64_t g0 = s0 >> 2;
+  const int64_t lane0 = static_cast<int64_t>(s0 & 3);
+  philox_words(g0, (lane0 + n + 3) / 4, d.seed, u);
+  const A keep_scale = static_cast<A>(d.scale);
+  const uint32_t thr = d.threshold;
+  for (int64_t j = 0; j < n; ++j) fac[j] = (u[lane0 + j] >> 8) >= thr ? keep_scale : A(0);
+}
+
+
+// Reductions with 16 independent accumulators: a fixed order (deterministic) that vectorises.
+template <typename A>
+inline A row_max(const A* z, int64_t n) {
+  A m[16];
+  for (int k = 0; k < 16; ++k) m[k] = -std::numeric_limits<A>::infinity();
+  int64_t j = 0;
+  for (; j + 16 <= n; j += 16)
+    for (int k = 0; k < 16; ++k) m[k] = z[j + k] > m[k] ? z[j + k] : m[k];
+  for (; j < n; ++j) m[0] = z[j] > m[0] ? z[j] : m[0];
+  A r = m[0];
+  for (int k = 1; k < 16; ++k) r = m[k] > r ? m[k] : r;
+  return r;
+}
+
+template <typename A>
+inline A row_sum(const A* a, int64_t n) {
+  A s[16] = {};
+  int64_t j = 0;
+  for (; j + 16 <= n; j += 16)
+    for (int k = 0; k < 16; ++k) s[k] += a[j + k];
+  for (; j < n; ++j) s[0] += a[j];
+  A r = 0;
+  for (int k = 0; k < 16; ++k) r += s[k];
+  return r;
+}
+
+// sum_j fac[j] * dout[j] * y[j] (fac == nullptr: no dropout).
+template <typename A>
+inline A row_dot3(const A* fac, const A* dout, const A* y, int64_t n) {
+  A s[16] = {};
+  int64_t j = 0;
+  if (fac) {
+    for (; j + 16 <= n; j += 16)
+      for (int k = 0; k < 16; ++k) s[k] += fac[j + k] * dout[j + k] * y[j + k];
+    for (; j < n; ++j) s[0] += fac[j] * dout[j] * y[j];
+  } else {
+    for (; j + 16 <= n; j += 16)
+      for (int k = 0; k < 16; ++k) s[k] += dout[j + k] * y[j + k];
+    for (; j < n; ++j) s[0] += dout[j] * y[j];
+  }
+  A r = 0;
+  for (int k = 0; k < 16; ++k) r += s[k];
+  return r;
+}
+
+// ---- Row kernels on acc_t rows (A = float: multi-versioned; A = double: gradcheck only) ----
+
+// z[j] = sc * s[j], or -inf where pad[j] (pad may be nullptr).
+template <typename A>
+inline void scale_mask_row_t(const A* s, const uint8_t* pad, A sc, A* z, int64_t n) {
+  const A ninf = -std::numeric_limits<A>::infinity();
+  if (pad) {
+    for (int64_t j = 0; j < n; ++j) z[j] = pad[j] ? ninf : sc * s[j];
+  } else {
+    for (int64_t j = 0; j < n; ++j) z[j] = sc * s[j];
+  }
+}
+FLS_MULTIVERSION void scale_mask_row(const float* s, const uint8_t* pad, float sc, float* z, int64_t n) {
+  scale_mask_row_t(s, pad, sc, z, n);
+}
+void scale_mask_row(const double* s, const uint8_t* pad, double sc, double* z, int64_t n) {
+  scale_mask_row_t(s, pad, sc, z, n);
+}
+
+// In place z -> exp(z - max) (0 where z == -inf); returns the sum, 0 when every entry is -inf.
+FLS_MULTIVERSION float exp_row(float* z, int64_t n) {
+  const float m = row_max(z, n);
+  if (m == -std::numeric_limits<float>::infinity()) return 0.0f;
+  for (int64_t j = 0; j < n; ++j) z[j] = exp_arg_clamp(z[j] - m);  // masked: -inf -> -100
+  // exp (masked -> exactly 0) and the sum in one pass, 16 accumulators (fixed order).
+  float acc[16] = {};
+  int64_t j = 0;
+  for (; j + 16 <= n; j += 16)
+    for (int k = 0; k < 16; ++k) {
+      z[j + k] = exp_clamped(z[j + k]);
+      acc[k] += z[j + k];
+    }
+  for (; j < n; ++j) {
+    z[j] = exp_clamped(z[j]);
+    acc[0] += z[j];
+  }
+  float r = 0.0f;
+  for (int k = 0; k < 16; ++k) r += acc[k];
+  return r;
+}
+double exp_row(double* z, int64_t n) {
+  const double m = row_max(z, n);
+  if (m == -std::numeric_limits<double>::infinity()) return 0.0;
+  for (int64_t j = 0; j < n; ++j) z[j] = std::exp(z[j] - m);
+  return row_sum(z, n);
+}
+
+// y[j] = e[j] * inv; out[j] = y[j] * fac[j] when fac (dropout) is given.
+template <typename A>
+inline void write_row_t(const A* e, A inv, const A* fac, A* y, A* out, int64_t n) {
+  for (int64_t j = 0; j < n; ++j) y[j] = e[j] * inv;
+  if (fac)
+    for (int64_t j = 0; j < n; ++j) out[j] = e[j] * inv * fac[j];
+}
+FLS_MULTIVERSION void write_row(const float* e, float inv, const float* fac, float* y, float* out, int64_t n) {
+  write_row_t(e, inv, fac, y, out, n);
+}
+void write_row(const double* e, double inv, const double* fac, double* y, double* out, int64_t n) {
+  write_row_t(e, inv, fac, y, out, n);
+}
+
+// ds[j] = sc * y[j] * (g[j] - sum_k g[k] y[k]), g = fac * dout (fac == nullptr: no dropout).
+template <typename A>
+inline void bwd_row_t(const A* dout, const A* y, const A* fac, A sc, A* ds, int64_t n) {
+  const A dot = row_dot3(fac, dout, y, n);
+  if (fac) {
+    for (int64_t j = 0; j < n; ++j) ds[j] = sc * y[j] * (fac[j] * dout[j] - dot);
+  } else {
+    for (int64_t j = 0; j < n; ++j) ds[j] = sc * y[j] * (dout[j] - dot);
+  }
+}
+FLS_MULTIVERSION void bwd_row(const float* dout, const float* y, const float* fac, float sc, float* ds, int64_t n) {
+  bwd_row_t(dout, y, fac, sc, ds, n);
+}
+void bwd_row(const double* dout, const double* y, const double* fac, double sc, double* ds, int64_t n) {
+  bwd_row_t(dout, y, fac, sc, ds, n);
+}
+
+// Rows per parallel chunk: about 16k elements of work, at least one row.
+int64_t row_grain(int64_t cols) { return std::max<int64_t>(1, 16384 / std::max<int64_t>(1, cols)); }
+
+// bfloat16 <-> float for whole rows, branch-free so they vectorise (c10::BFloat16's scalar
+// conversions do not): bf16 is the high half of a float; rounding is to nearest even, NaN stays NaN,
+// as c10's.
+FLS_MULTIVERSION void bf16_to_float(const uint16_t* src, float* dst, int64_t n) {
+  for (int64_t j = 0; j < n; ++j) {
+    const uint32_t bits = static_cast<uint32_t>(src[j]) << 16;
+    std::memcpy(dst + j, &bits, sizeof(float));
+  }
+}
+FLS_MULTIVERSION void float_to_bf16(const float* src, uint16_t* dst, int64_t n) {
+  for (int64_t j = 0; j < n; ++j) {
+    uint32_t u;
+    std::memcpy(&u, src + j, sizeof(float));
+    const uint32_t rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
+    dst[j] = static_cast<uint16_t>(src[j] != src[j] ? 0x7FC0u : rounded);
+  }
+}
+
+// A row of T as acc_t<T>: the row itself when T is the math type, else converted into buf.
+template <typename T>
+const acc_t<T>* load_row(const T* src, acc_t<T>* buf, int64_t n) {
+  if constexpr (std::is_same<T, acc_t<T>>::value) {
+    return src;
+  } else {
+    static_assert(std::is_same<T, c10::BFloat16>::value && sizeof(T) == 2, "bf16 is the only converted type");
+    bf16_to_float(reinterpret_cast<const uint16_t*>(src), buf, n);
+    return buf;
+  }
+}
+// Where to compute a row destined for dst: dst itself when T is the math type, else buf.
+template <typename T>
+acc_t<T>* row_target(T* dst, acc_t<T>* buf) {
+  if constexpr (std::is_same<T, acc_t<T>>::value) return dst; else return buf;
+}
+template <typename T>
+void store_row(const acc_t<T>* buf, T* dst, int64_t n) {
+  if constexpr (!std::is_same<T, acc_t<T>>::value) float_to_bf16(buf, reinterpret_cast<uint16_t*>(dst), n);
+}
+
+}  // namespace
+
+template <typename T>
+void attention_softmax_fwd(const T* scores, const bool* key_padding_mask, T* y, T* out, int64_t B, int64_t H,
+                           int64_t Tq, int64_t Tk, bool causal, double scale, const DropoutParams& d) {
+  using A = acc_t<T>;
+  const int64_t rows = B * H * Tq;
+  if (rows == 0 || Tk == 0) return;
+  const bool drop = d.threshold != 0;
+  const A sc = static_cast<A>(scale);
+  parallel_for(rows, row_grain(Tk), [&](int64_t begin, int64_t end) {
+    std::vector<A> z(Tk), sbuf(Tk), ybuf(Tk), obuf(Tk), fac(drop ? Tk : 0);
+    std::vector<uint32_t> u(drop ? Tk + 8 : 0);
+    for (int64_t r = begin; r < end; ++r) {
+      const int64_t b = r / (H * Tq), i = r % Tq;
+      // Keys j < lim survive the causal mask; the padding mask is applied on top. Keys j >= lim are
+      // not computed at all (zeros).
+      const int64_t lim = causal ? std::clamp<int64_t>(i + (Tk - Tq) + 1, 0, Tk) : Tk;
+      // Read as bytes: loops over bool loads do not vectorise.
+      const uint8_t* pad =
+          key_padding_mask ? reinterpret_cast<const uint8_t*>(key_padding_mask) + b * Tk : nullptr;
+      T* yr = y + r * Tk;
+      T* outr = drop ? out + r * Tk : nullptr;
+      scale_mask_row(load_row(scores + r * Tk, sbuf.data(), lim), pad, sc, z.data(), lim);
+      const A sum = exp_row(z.data(), lim);
+      if (sum == A(0)) {  // every key masked (or lim == 0): zeros, not 0/0
+        std::fill(yr, yr + Tk, T(0));
+        if (drop) std::fill(outr, outr + Tk, T(0));
+        continue;
+      }
+      A* yw = row_target(yr, ybuf.data());
+      A* ow = drop ? row_target(outr, obuf.data()) : nullptr;
+      if (drop) dropout_factors(d.offset + static_cast<uint64_t>(r * Tk), lim, d, u.data(), fac.data());
+      write_row(z.data(), A(1) / sum, drop ? fac.data() : nullptr, yw, ow, lim);
+      store_row<T>(yw, yr, lim);
+      std::fill(yr + lim, yr + Tk, T(0));
+      if (drop) {
+        store_row<T>(ow, outr, lim);
+        std::fill(outr + lim, outr + Tk, T(0));
+      }
+    }
+  });
+}
+
+template <typename T>
+void attention_softmax_bwd(const T* dout, const T* y, T* dscores, int64_t rows, int64_t Tk, double scale,
+                           const DropoutParams& d) {
+  using A = acc_t<T>;
+  if (rows == 0 || Tk == 0) return;
+  const bool drop = d.threshold != 0;
+  const A sc = static_cast<A>(scale);
+  parallel_for(rows, row_grain(Tk), [&](int64_t begin, int64_t end) {
+    std::vector<A> gbuf(Tk), ybuf(Tk), dbuf(Tk), fac(drop ? Tk : 0);
+    std::vector<uint32_t> u(drop ? Tk + 8 : 0);
+    for (int64_t r = begin; r < end; ++r) {
+      // The dropout mask is regenerated from (seed, offset + flat index), not stored.
+      if (drop) dropout_factors(d.offset + static_cast<uint64_t>(r * Tk), Tk, d, u.data(), fac.data());
+      A* dw = row_target(dscores + r * Tk, dbuf.data());
+      bwd_row(load_row(dout + r * Tk, gbuf.data(), Tk), load_row(y + r * Tk, ybuf.data(), Tk),
+              drop ? fac.data() : nullptr, sc, dw, Tk);
+      store_row<T>(dw, dscores + r * Tk, Tk);
+    }
+  });
+}
+
+// Both permutations walk token rows (t, b) in b-major order (b outer, t inner): the token-major
+// side is one contiguous row of nparts*E per step and the head-major side is nparts*H streams that
+// each advance by hd per step, which the prefetchers follow. (t-major order jumps between B*H
+// blocks every row; walking (b, h) blocks strides a page per hd-run on the token side.)
+template <typename T>
+void split_heads(const T* x, int64_t row_stride, const T* bias, T* const* out, int nparts, int64_t Tlen,
+                 int64_t B, int64_t H, int64_t hd) {
+  using A = acc_t<T>;
+  const int64_t E = H * hd;
+  parallel_for(Tlen * B, row_grain(nparts * E), [&](int64_t begin, int64_t end) {
+    for (int64_t bt = begin; bt < end; ++bt) {
+      const int64_t b = bt / Tlen, t = bt % Tlen;
+      const T* src = x + (t * B + b) * row_stride;
+      for (int p = 0; p < nparts; ++p) {
+        for (int64_t h = 0; h < H; ++h) {
+          const int64_t c0 = p * E + h * hd;
+          const T* sr = src + c0;
+          T* dr = out[p] + ((b * H + h) * Tlen + t) * hd;
+          if (bias) {
+            const T* bs = bias + c0;
+            for (int64_t c = 0; c < hd; ++c) dr[c] = static_cast<T>(static_cast<A>(sr[c]) + static_cast<A>(bs[c]));
+          } else {
+            for (int64_t c = 0; c < hd; ++c) dr[c] = sr[c];
+          }
+        }
+      }
+    }
+  });
+}
+
+template <typename T>
+void merge_heads(const T* const* in, int nparts, T* y, int64_t row_stride, int64_t Tlen, int64_t B, int64_t H,
+                 int64_t hd) {
+  const int64_t E = H * hd;
+  parallel_for(Tlen * B, row_grain(nparts * E), [&](int64_t begin, int64_t end) {
+    for (int64_t bt = begin; bt < end; ++bt) {
+      const int64_t b = bt / Tlen, t = bt % Tlen;
+      T* dst = y + (t * B + b) * row_stride;
+      for (int p = 0; p < nparts; ++p) {
+        for (int64_t h = 0; h < H; ++h) {
+          const T* sr = in[p] + ((b * H + h) * Tlen + t) * hd;
+          T* dr = dst + p * E + h * hd;
+          for (int64_t c = 0; c < hd; ++c) dr[c] = sr[c];
+        }
+      }
+    }
+  });
+}
+
+template <typename T>
+void column_sum(const T* x, T* sums, int64_t rows, int64_t cols) {
+  using A = acc_t<T>;
+  // Columns split across threads, each column summed over rows in order: the result does not depend
+  // on the number of threads.
+  parallel_for(cols, 64, [&](int64_t begin, int64_t end) {
+    std::vector<A> acc(end - begin, A(0));
+    for (int64_t r = 0; r < rows; ++r) {
+      const T* xr = x + r * cols;
+      for (int64_t c = begin; c < end; ++c) acc[c - begin] += static_cast<A>(xr[c]);
+    }
+    for (int64_t c = begin; c < end; ++c) sums[c] = static_cast<T>(acc[c - begin]);
+  });
+}
+
+#define FLS_INSTANTIATE_ATTN(T)                                                                                 \
+  template void attention_softmax_fwd<T>(const T*, const bool*, T*, T*, int64_t, int64_t, int64_t, int64_t, bool, \
+                                         double, const DropoutParams&);                                        \
+  template void attention_softmax_bwd<T>(const T*, const T*, T*, int64_t, int64_t, double, const DropoutParams&); \
+  template void split_heads<T>(const T*, int64_t, const T*, T* const*, int, int64_t, int64_t, int64_t, int64_t);  \
+  template void merge_heads<T>(const T* const*, int, T*, int64_t, int64_t, int64_t, int64_t, int64_t);            \
+  template void column_sum<T>(const T*, T*, int64_t, int64_t);
+FLS_CPU_INSTANTIATE(FLS_INSTANTIATE_ATTN)
+
+}  // namespace cpu
+}  // namespace fls
