@@ -50,8 +50,10 @@ else
 fi
 
 GEN=$SAVE_DIR/generate-test.txt
+# --required-batch-size-multiple 1: fairseq-fixed's batch_by_size drops the last batch when its size
+# is not a multiple of this (default 8), which would silently skip up to 7 test sentences.
 "$PYTHON" -m fairseq_cli.generate "$DATA_BIN" --user-dir "$ROOT/fairseq_lightseq" --path "$CKPT" \
     --gen-subset test --beam "${BEAM:-4}" --lenpen "${LENPEN:-0.6}" --remove-bpe sentencepiece \
-    --max-tokens 8000 "$@" > "$GEN"
+    --max-tokens 8000 --required-batch-size-multiple 1 "$@" > "$GEN"
 tail -n 1 "$GEN"
 "$PYTHON" "$HERE/score.py" "$GEN" "$REF" --out-prefix "$SAVE_DIR/test"
