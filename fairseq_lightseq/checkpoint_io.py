@@ -41,13 +41,15 @@ def read_error(path: str, err: BaseException) -> CheckpointReadError:
     cause = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
     return CheckpointReadError(
         f"cannot read checkpoint {path} ({_describe(path)}): the file is truncated or corrupted "
-        f"[{type(err).__name__}: {cause}]. It was probably cut short by an interrupted copy or a full disk. "
+        f"[{type(err).__name__}: {cause}]. It may have been cut short by an interrupted write or copy, or a full disk. "
         f"Delete or move it and resume from another checkpoint (fairseq-train --restore-file "
         f"checkpoint_EPOCH_UPDATES.pt), or decode with another --path.")
 
 
 _LOAD_ERRORS = (RuntimeError, EOFError, pickle.UnpicklingError, zipfile.BadZipFile, ValueError,
-                KeyError, IndexError, TypeError, AttributeError, UnicodeDecodeError, OverflowError, MemoryError)
+                KeyError, IndexError, TypeError, AttributeError, UnicodeDecodeError, OverflowError, MemoryError,
+                OSError)  # a truncated zip can fail a seek with EINVAL
+_NOT_CORRUPTION = (PermissionError, FileNotFoundError, IsADirectoryError)
 
 
 def _is_safe_loader_refusal(err: BaseException) -> bool:
@@ -59,7 +61,7 @@ def _wrap_load(load):
         try:
             return load(path, arg_overrides, load_on_all_ranks)
         except _LOAD_ERRORS as e:
-            if _is_safe_loader_refusal(e) or not os.path.isfile(path):
+            if _is_safe_loader_refusal(e) or isinstance(e, _NOT_CORRUPTION) or not os.path.isfile(path):
                 raise
             raise read_error(path, e) from None  # the cause is in the message; no torch internals
     load_checkpoint_to_cpu.__doc__ = load.__doc__

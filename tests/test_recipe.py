@@ -47,15 +47,25 @@ def train_inner(log):
     return [json.loads(m) for m in re.findall(r"\| train_inner \| (\{.*\})", log)]
 
 
+_PREPARED = {}
+
+
+def prepare_once(tmp_path_factory):
+    """A directory with raw/ (the demo corpus) and out/ (prepare.sh's output), and the prepare.sh
+    log; made once per session, also for test_resume.py (a fixture imported there would run twice)."""
+    if "d" not in _PREPARED:
+        from fairseq_lightseq.demo.corpus import write_corpus
+
+        d = str(tmp_path_factory.mktemp("recipe"))
+        write_corpus(os.path.join(d, "raw"), n_train=N_TRAIN, n_valid=N_VALID, n_test=N_TEST)
+        _, log = run([os.path.join(RECIPE, "prepare.sh"), "raw", "out"], cwd=d, env={"VOCAB_SIZE": "300"})
+        _PREPARED.update(d=d, log=log)
+    return _PREPARED["d"], _PREPARED["log"]
+
+
 @pytest.fixture(scope="session")
 def prepared(tmp_path_factory):
-    """A directory with raw/ (the demo corpus) and out/ (prepare.sh's output); the prepare.sh log."""
-    from fairseq_lightseq.demo.corpus import write_corpus
-
-    d = str(tmp_path_factory.mktemp("recipe"))
-    write_corpus(os.path.join(d, "raw"), n_train=N_TRAIN, n_valid=N_VALID, n_test=N_TEST)
-    _, log = run([os.path.join(RECIPE, "prepare.sh"), "raw", "out"], cwd=d, env={"VOCAB_SIZE": "300"})
-    return d, log
+    return prepare_once(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
