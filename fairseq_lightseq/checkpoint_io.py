@@ -53,7 +53,9 @@ _NOT_CORRUPTION = (PermissionError, FileNotFoundError, IsADirectoryError)
 
 
 def _is_safe_loader_refusal(err: BaseException) -> bool:
-    return isinstance(err, pickle.UnpicklingError) and "Unsupported global" in str(err)
+    # "Unsupported global: GLOBAL x.Y was not an allowed global" / "unsupported GLOBAL posix.system whose
+    # module posix is blocked": torch's safe loader naming a refused object (see checkpoint_safety)
+    return isinstance(err, pickle.UnpicklingError) and "unsupported global" in str(err).lower()
 
 
 def _wrap_load(load):
