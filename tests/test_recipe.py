@@ -1,0 +1,173 @@
+"""The WMT14 En-De recipe (examples/wmt14_en_de) end to end on a small local corpus, so the scripts
+cannot rot: prepare.sh from raw files (sentencepiece, cleaning, fairseq-preprocess) -> train.sh
+(ls and native variants, a tiny model on CPU through the pass-through arguments) -> evaluate.sh
+(average the last checkpoints, fairseq-generate with beam 4, detokenised and compound-split BLEU).
+Marked `e2e`. The `prepared`/`train` helpers are shared with test_resume.py."""
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.e2e
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RECIPE = os.path.join(ROOT, "examples", "wmt14_en_de")
+N_TRAIN, N_VALID, N_TEST = 2000, 40, 30
+# The recipe's transformer-big shrunk to 1 layer of width 32 (the arch defaults yield to explicit args).
+TINY = ["--encoder-layers", "1", "--decoder-layers", "1", "--encoder-embed-dim", "32", "--decoder-embed-dim", "32",
+        "--encoder-ffn-embed-dim", "64", "--decoder-ffn-embed-dim", "64", "--encoder-attention-heads", "2",
+        "--decoder-attention-heads", "2", "--cpu", "--num-workers", "0", "--max-tokens", "1000",
+        "--disable-validation", "--log-format", "json", "--log-interval", "1"]
+
+
+def run(cmd, cwd, env=None, check=True):
+    """Runs a recipe script with the venv's python; returns (returncode, stdout+stderr)."""
+    env = dict(os.environ, PYTHON=sys.executable, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore", WORKERS="1",
+               **(env or {}))
+    r = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=300, env=env)
+    out = r.stdout + r.stderr
+    if check:
+        assert r.returncode == 0, f"{' '.join(cmd)} failed ({r.returncode}):\n{out[-4000:]}"
+    return r.returncode, out
+
+
+def train(data, save_dir, *extra, variant="ls", check=True):
+    """train.sh DATA SAVE_DIR VARIANT TINY... extra; returns (returncode, log)."""
+    return run([os.path.join(RECIPE, "train.sh"), os.path.join(data, "out", "data-bin"), save_dir, variant,
+                *TINY, *extra], cwd=data, check=check)
+
+
+def train_inner(log):
+    """fairseq's per-update json records (--log-format json --log-interval 1): [{num_updates, loss, ...}]."""
+    import json
+
+    return [json.loads(m) for m in re.findall(r"\| train_inner \| (\{.*\})", log)]
+
+
+_PREPARED = {}
+
+
+def prepare_once(tmp_path_factory):
+    """A directory with raw/ (the demo corpus) and out/ (prepare.sh's output), and the prepare.sh
+    log; made once per session, also for test_resume.py (a fixture imported there would run twice)."""
+    if "d" not in _PREPARED:
+        from fairseq_lightseq.demo.corpus import write_corpus
+
+        d = str(tmp_path_factory.mktemp("recipe"))
+        write_corpus(os.path.join(d, "raw"), n_train=N_TRAIN, n_valid=N_VALID, n_test=N_TEST)
+        _, log = run([os.path.join(RECIPE, "prepare.sh"), "raw", "out"], cwd=d, env={"VOCAB_SIZE": "300"})
+        _PREPARED.update(d=d, log=log)
+    return _PREPARED["d"], _PREPARED["log"]
+
+
+@pytest.fixture(scope="session")
+def prepared(tmp_path_factory):
+    return prepare_once(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def trained(prepared):
+    d, _ = prepared
+    _, log = train(d, "ckpt", "--max-update", "6", "--save-interval-updates", "2", "--keep-interval-updates", "3")
+    return d, log
+
+
+def count_lines(path):
+    with open(path, encoding="utf-8") as f:
+        return sum(1 for _ in f)
+
+
+def test_prepare_outputs(prepared):
+    d, log = prepared
+    out = os.path.join(d, "out")
+    for name in ("dict.en.txt", "dict.de.txt", "train.en-de.en.bin", "valid.en-de.de.idx", "test.en-de.en.bin"):
+        assert os.path.isfile(os.path.join(out, "data-bin", name)), name
+    assert open(os.path.join(out, "data-bin", "dict.en.txt")).read() == open(os.path.join(out, "data-bin", "dict.de.txt")).read()
+    # valid/test are never filtered (they must stay aligned with the raw references); train may be
+    assert count_lines(os.path.join(out, "spm", "test.de")) == N_TEST
+    assert count_lines(os.path.join(out, "spm", "valid.en")) == N_VALID
+    kept = count_lines(os.path.join(out, "spm", "train.en"))
+    assert 0.9 * N_TRAIN <= kept <= N_TRAIN and kept == count_lines(os.path.join(out, "spm", "train.de"))
+    assert "\u2581" in open(os.path.join(out, "spm", "train.de"), encoding="utf-8").readline()  # pieces
+    assert os.path.isfile(os.path.join(out, "spm", "spm.model"))
+
+
+def test_prepare_rejects_misaligned_input(tmp_path):
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    for split in ("train", "valid", "test"):
+        (raw / f"{split}.en").write_text("a b\nc d\n")
+        (raw / f"{split}.de").write_text("a b\n" if split == "valid" else "a b\nc d\n")
+    rc, out = run([os.path.join(RECIPE, "prepare.sh"), "raw", "out"], cwd=str(tmp_path), check=False)
+    assert rc != 0 and "valid.en has 2 lines" in out, out[-2000:]
+
+
+def test_train_ls(trained):
+    d, log = trained
+    records = train_inner(log)
+    assert [int(r["num_updates"]) for r in records] == list(range(1, 7))
+    assert "--arch ls_transformer_vaswani_wmt_en_de_big" in log and "ls_adam" in log
+    assert "LSTransformerModel" in log or "ls_transformer" in log
+    ckpts = sorted(f for f in os.listdir(os.path.join(d, "ckpt")) if f.startswith("checkpoint"))
+    assert ckpts == ["checkpoint_1_2.pt", "checkpoint_1_4.pt", "checkpoint_1_6.pt", "checkpoint_last.pt"]
+
+
+def test_train_native(prepared):
+    d, _ = prepared
+    _, log = train(d, "ckpt-native", "--max-update", "2", variant="native")
+    assert "--arch transformer_vaswani_wmt_en_de_big" in log
+    assert [int(r["num_updates"]) for r in train_inner(log)] == [1, 2]
+
+
+def test_train_rejects_unknown_variant(prepared):
+    d, _ = prepared
+    rc, out = train(d, "ckpt-x", variant="lightseq", check=False)
+    assert rc == 2 and "ls or native" in out
+
+
+def test_evaluate(trained):
+    d, _ = trained
+    ckpt = os.path.join(d, "ckpt")
+    rc, out = run([os.path.join(RECIPE, "evaluate.sh"), "out/data-bin", "ckpt", "raw/test.de", "out/spm/spm.model",
+                   "--cpu", "--max-len-a", "1", "--max-len-b", "5"], cwd=d, env={"NUM_CHECKPOINTS": "3"})
+    detok = re.search(r"detokenized sacreBLEU: ([\d.]+) .*signature nrefs:1\|case:mixed\|eff:no\|tok:13a", out)
+    split = re.search(r"tokenized compound-split BLEU: ([\d.]+)", out)
+    assert detok and split, out[-3000:]
+    assert 0 <= float(detok.group(1)) <= 100 and 0 <= float(split.group(1)) <= 100
+    assert "--beam 4 --lenpen 0.6" in open(os.path.join(ckpt, "generate-test.txt")).read() or "beam=4" in out
+    assert count_lines(os.path.join(ckpt, "test.hyp")) == N_TEST
+
+    # the decoded checkpoint is the mean of the last three
+    from fairseq import checkpoint_utils
+
+    avg = checkpoint_utils.load_checkpoint_to_cpu(os.path.join(ckpt, "checkpoint_avg3.pt"))["model"]
+    models = [checkpoint_utils.load_checkpoint_to_cpu(os.path.join(ckpt, f"checkpoint_1_{u}.pt"))["model"]
+              for u in (2, 4, 6)]
+    for k, v in avg.items():
+        if v.is_floating_point():
+            torch.testing.assert_close(v, sum(m[k].double() for m in models).div(3).to(v.dtype), rtol=0, atol=0)
+
+
+def test_evaluate_rejects_other_spm_model(trained, tmp_path):
+    import sentencepiece as spm
+
+    d, _ = trained
+    (tmp_path / "t.txt").write_text("\n".join(f"zz{i} qq{i}" for i in range(200)))
+    spm.SentencePieceTrainer.train(input=str(tmp_path / "t.txt"), model_prefix=str(tmp_path / "other"),
+                                   vocab_size=60, hard_vocab_limit=False, minloglevel=2)
+    rc, out = run([os.path.join(RECIPE, "evaluate.sh"), "out/data-bin", "ckpt", "raw/test.de",
+                   str(tmp_path / "other.model"), "--cpu"], cwd=d, check=False)
+    assert rc != 0 and "different preparations" in out, out[-2000:]
+
+
+def test_score_compound_split():
+    sys.path.insert(0, RECIPE)
+    try:
+        import score
+    finally:
+        sys.path.remove(RECIPE)
+    assert score.compound_split("die Mehrwertsteuer-Erhöhung , 2-3 - x") == \
+        "die Mehrwertsteuer ##AT##-##AT## Erhöhung , 2 ##AT##-##AT## 3 - x"
