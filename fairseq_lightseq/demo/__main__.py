@@ -141,7 +141,8 @@ def main():
     step("5/6 fairseq-generate (beam 4) on the test split")
     gen = run([py, "-m", "fairseq_cli.generate", bin_dir, "--user-dir", USER_DIR, "--path",
                os.path.join(ckpt, "checkpoint_last.pt"), "--gen-subset", "test", "--beam", "4",
-               "--batch-size", "128", "--remove-bpe", "sentencepiece", "--nbest", "1"]
+               "--batch-size", "128", "--required-batch-size-multiple", "1",
+               "--remove-bpe", "sentencepiece", "--nbest", "1"]
               + ([] if cuda else ["--cpu"]), log=os.path.join(work, "generate.log"))
     hyps = {int(m.group(1)): m.group(2) for m in re.finditer(r"^D-(\d+)\t[^\t]*\t(.*)$", gen, re.M)}
     with open(os.path.join(raw, f"test.{tgt}")) as f:
