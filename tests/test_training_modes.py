@@ -34,13 +34,13 @@ DROPOUTS = dict(dropout=0.1, attention_dropout=0.1, activation_dropout=0.1)
 
 
 # --------------------------------------------------------------- activation checkpointing (module)
-def _pair_ckpt(device="cpu", **overrides):
-    """(plain, checkpointed) ls_transformer with the same weights, train mode, dropout on."""
+def _pair_ckpt(device="cpu", offload=False):
+    """(plain, checkpointed) ls_transformer with the same weights, train mode, dropout on.
+    (fairseq's --offload-activations implies --checkpoint-activations.)"""
     task = make_task()
-    kw = {**DROPOUTS, **overrides}
     torch.manual_seed(0)
-    plain = perturb_(build(LSTransformerModel, task, **kw))
-    ckpt = build(LSTransformerModel, task, checkpoint_activations=True, **kw)
+    plain = perturb_(build(LSTransformerModel, task, **DROPOUTS))
+    ckpt = build(LSTransformerModel, task, checkpoint_activations=True, offload_activations=offload, **DROPOUTS)
     ckpt.load_state_dict(plain.state_dict(), strict=True)
     return task, plain.to(device).train(), ckpt.to(device).train()
 
@@ -63,7 +63,7 @@ def _run(model, task, seed, device="cpu"):
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
 @pytest.mark.parametrize("offload", [False, True], ids=["checkpoint", "checkpoint+offload"])
 def test_checkpoint_activations_same_gradients_with_dropout(device, offload):
-    task, plain, ckpt = _pair_ckpt(device, offload_activations=offload)
+    task, plain, ckpt = _pair_ckpt(device, offload)
     assert all(hasattr(layer, "precheckpoint_forward") for layer in [*ckpt.encoder.layers, *ckpt.decoder.layers])
     assert not any(hasattr(layer, "precheckpoint_forward") for layer in plain.encoder.layers)
     out_p, g_p = _run(plain, task, seed=3, device=device)
