@@ -222,12 +222,14 @@ def main(argv=None):
     p.add_argument("--fp16", action="store_true")
     p.add_argument("--bf16", action="store_true")
     p.add_argument("--max-tokens", type=int, help="default: 1024 on CPU, 8192 on CUDA")
-    p.add_argument("--steps", type=int, help="timed steps per repeat (default: 3 on CPU, 20 on CUDA)")
-    p.add_argument("--warmup", type=int, help="untimed steps first (default: 1 on CPU, 5 on CUDA)")
+    p.add_argument("--steps", type=int, help="timed steps per repeat (default: 3 on CPU, 10 on CUDA)")
+    p.add_argument("--warmup", type=int, help="untimed steps first (default: 1 on CPU, 3 on CUDA)")
     p.add_argument("--repeats", type=int, help="timed repeats, median reported (default: 2 on CPU, 3 on CUDA)")
     p.add_argument("--vocab", type=int, help="synthetic corpus word types (default: 8000 on CPU, 32000 on CUDA)")
     p.add_argument("--ls-stack", action="store_true",
                    help="the ls side also uses ls_label_smoothed_cross_entropy and ls_adam")
+    p.add_argument("--extra", default="", help="more fairseq-train arguments for both models, e.g. "
+                   "\"--dropout 0 --attention-dropout 0\" (quoted, one string)")
     p.add_argument("--threads", type=int, help="OMP_NUM_THREADS for the runs (CPU)")
     p.add_argument("--json", help="write the results here")
     p.add_argument("--_child", help=argparse.SUPPRESS)
@@ -243,8 +245,8 @@ def main(argv=None):
     size = a.arch_size or ("base" if cpu else "big")
     layers = a.layers if a.layers is not None else (2 if cpu else None)
     max_tokens = a.max_tokens or (1024 if cpu else 8192)
-    steps = a.steps or (3 if cpu else 20)
-    warmup = a.warmup if a.warmup is not None else (1 if cpu else 5)
+    steps = a.steps or (3 if cpu else 10)
+    warmup = a.warmup if a.warmup is not None else (1 if cpu else 3)
     repeats = a.repeats or (2 if cpu else 3)
     vocab = a.vocab or (8000 if cpu else 32000)
     precisions = [x for x, on in (("fp16", a.fp16), ("bf16", a.bf16)) if on] or (["fp32"] if cpu else ["fp16", "bf16"])
@@ -267,18 +269,23 @@ def main(argv=None):
     lay = f", {layers} encoder + {layers} decoder layers (reduced)" if layers else ""
     print(f"device {a.device}, {arch} vs ls_{arch}{lay}, max-tokens {max_tokens}, warmup {warmup}, "
           f"{repeats} x {steps} timed steps (median), "
-          f"{'ls criterion+ls_adam on the ls side' if a.ls_stack else 'same criterion/optimizer (adam)'}",
+          f"{'ls criterion+ls_adam on the ls side' if a.ls_stack else 'same criterion/optimizer (adam)'}"
+          f"{', extra: ' + a.extra if a.extra else ''}",
+          flush=True)
+    # one list of batches for every run (batching does not depend on the precision)
+    import torch
+    samples = draw_samples(train_args(data_bin, arch, a.device, "fp32", max_tokens, layers, extra=a.extra.split()),
+                           n_batches)
+    spath = os.path.join(tmp.name, "samples.pt")
+    torch.save(samples, spath)
+    print(f"{len(samples)} batches from fairseq's loader, {sum(s['ntokens'] for s in samples)} target tokens",
           flush=True)
     results = []
     for prec in precisions:
-        base_args = train_args(data_bin, arch, a.device, prec, max_tokens, layers)
-        samples = draw_samples(base_args, n_batches)
-        spath = os.path.join(tmp.name, f"samples_{prec}.pt")
-        import torch
-        torch.save(samples, spath)
         row = {"precision": prec}
         for name, model_arch in (("fairseq", arch), ("ls", "ls_" + arch)):
-            args_list = train_args(data_bin, model_arch, a.device, prec, max_tokens, layers, ls_stack=a.ls_stack)
+            args_list = train_args(data_bin, model_arch, a.device, prec, max_tokens, layers, ls_stack=a.ls_stack,
+                                   extra=a.extra.split())
             row[name] = run_child(args_list, spath, warmup, steps, repeats, a.threads)
         row["speedup"] = row["ls"]["wps"] / row["fairseq"]["wps"]
         row["memory_ratio"] = row["ls"]["peak_mb"] / max(row["fairseq"]["peak_mb"], 1e-9)
