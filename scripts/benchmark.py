@@ -53,8 +53,10 @@ def write_synthetic_corpus(d: str, n_sentences: int, vocab: int, seed: int = 0) 
     for split, n in (("train", n_sentences), ("valid", 8)):
         with open(os.path.join(d, f"{split}.src"), "w") as fs, open(os.path.join(d, f"{split}.tgt"), "w") as ft:
             for _ in range(n):
-                for f in (fs, ft):
-                    length = min(200, max(1, int(rng.lognormvariate(math.log(24), 0.5))))
+                src_len = rng.lognormvariate(math.log(24), 0.5)
+                tgt_len = src_len * rng.lognormvariate(0.0, 0.1)  # a translation's length follows its source's
+                for f, length in ((fs, src_len), (ft, tgt_len)):
+                    length = min(200, max(1, int(length)))
                     f.write(" ".join(rng.choices(words, cum_weights=cum, k=length)) + "\n")
 
 
