@@ -255,7 +255,6 @@ def test_architectures_registered_with_fairseq_defaults(ls_arch):
     ("quant_noise_pq", 0.1, "--quant-noise-pq"),
     ("cross_self_attention", True, "--cross-self-attention"),
     ("adaptive_input", True, "--adaptive-input"),
-    ("checkpoint_activations", True, "--checkpoint-activations"),
     ("activation_fn", "tanh", "--activation-fn tanh"),
 ])
 def test_unsupported_options_fail_at_build_naming_the_option(option, value, message):

@@ -26,8 +26,6 @@ def check_supported(args) -> None:
         ("--encoder-layerdrop", (get("encoder_layerdrop") or 0) > 0),
         ("--decoder-layerdrop", (get("decoder_layerdrop") or 0) > 0),
         ("--cross-self-attention", bool(get("cross_self_attention"))),
-        ("--checkpoint-activations", bool(get("checkpoint_activations"))),
-        ("--offload-activations", bool(get("offload_activations"))),
         ("--base-layers", (get("base_layers") or 0) > 0),
         ("--encoder-xformers-att-config", get("encoder_xformers_att_config") is not None),
         ("--decoder-xformers-att-config", get("decoder_xformers_att_config") is not None),

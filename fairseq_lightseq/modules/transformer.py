@@ -14,7 +14,9 @@ from typing import Any, Dict, List, Optional
 import torch
 from torch import Tensor
 
+from fairseq.distributed import fsdp_wrap
 from fairseq.models.transformer import TransformerConfig, TransformerDecoderBase, TransformerEncoderBase
+from fairseq.modules.checkpoint_activations import checkpoint_wrapper
 
 from .embedding import embed_time_major
 from .transformer_layer import LSTransformerDecoderLayer, LSTransformerEncoderLayer, _layer_norm
@@ -27,6 +29,23 @@ def _cfg(cfg) -> TransformerConfig:
 def _activation_dropout(cfg) -> float:
     # fairseq: activation_dropout, or the old relu_dropout when it is 0
     return float(cfg.activation_dropout or getattr(cfg, "relu_dropout", 0) or 0)
+
+
+def _wrap_layer(layer, cfg):
+    """fairseq's own layer wrapping (TransformerEncoderBase.build_encoder_layer): activation
+    checkpointing with --checkpoint-activations [--offload-activations], then FSDP wrapping.
+
+    Recomputation in backward gives the same dropout masks: our ops draw their Philox seeds from
+    torch's default (CPU) generator, and fairseq's CheckpointFunction saves that generator's state
+    (and the current CUDA one, which SDPA's attention dropout uses) before the forward and restores
+    it for the recomputation (fairseq.utils.get_rng_state / set_rng_state); the parameters and the
+    state_dict keys are unchanged (the wrapper only replaces `forward`)."""
+    checkpoint = bool(cfg.checkpoint_activations)
+    if checkpoint:
+        layer = checkpoint_wrapper(layer, offload_to_cpu=bool(cfg.offload_activations))
+    # as fairseq: a checkpointed layer is always FSDP-wrapped (no-op outside --ddp-backend fully_sharded)
+    min_params_to_wrap = cfg.min_params_to_wrap if not checkpoint else 0
+    return fsdp_wrap(layer, min_num_params=min_params_to_wrap)
 
 
 def _dropout(x: Tensor, p: float, training: bool) -> Tensor:
@@ -42,11 +61,12 @@ class LSTransformerEncoder(TransformerEncoderBase):
         super().__init__(_cfg(cfg), dictionary, embed_tokens, return_fc=False)
 
     def build_encoder_layer(self, cfg):
-        return LSTransformerEncoderLayer(
+        layer = LSTransformerEncoderLayer(
             cfg.encoder.embed_dim, cfg.encoder.attention_heads, cfg.encoder.ffn_embed_dim,
             dropout=cfg.dropout, attention_dropout=cfg.attention_dropout,
             activation_dropout=_activation_dropout(cfg), activation_fn=str(cfg.activation_fn),
             normalize_before=cfg.encoder.normalize_before)
+        return _wrap_layer(layer, cfg)
 
     def forward_scriptable(self, src_tokens: Tensor, src_lengths: Optional[Tensor] = None,
                            return_all_hiddens: bool = False, token_embeddings: Optional[Tensor] = None):
@@ -99,12 +119,13 @@ class LSTransformerDecoder(TransformerDecoderBase):
             raise ValueError("ls_transformer: decoder embedding dim != --decoder-embed-dim is not supported")
 
     def build_decoder_layer(self, cfg, no_encoder_attn=False):
-        return LSTransformerDecoderLayer(
+        layer = LSTransformerDecoderLayer(
             cfg.decoder.embed_dim, cfg.decoder.attention_heads, cfg.decoder.ffn_embed_dim,
             dropout=cfg.dropout, attention_dropout=cfg.attention_dropout,
             activation_dropout=_activation_dropout(cfg), activation_fn=str(cfg.activation_fn),
             normalize_before=cfg.decoder.normalize_before, encoder_embed_dim=cfg.encoder.embed_dim,
             no_encoder_attn=no_encoder_attn)
+        return _wrap_layer(layer, cfg)
 
     def extract_features_scriptable(self, prev_output_tokens: Tensor,
                                     encoder_out: Optional[Dict[str, List[Tensor]]],
