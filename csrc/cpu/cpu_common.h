@@ -14,6 +14,14 @@ namespace cpu {
 template <typename T>
 using acc_t = typename std::conditional<std::is_same<T, double>::value, double, float>::type;
 
+// Grain (in items of `item_elems` elements each) that gives every task at least ~32k elements,
+// torch's own grain: smaller tensors run on one thread, where a parallel region would cost more
+// than it saves (and stalls whenever a core is busy elsewhere).
+inline int64_t grain_for(int64_t item_elems) {
+  constexpr int64_t kGrainElems = 32768;
+  return item_elems >= kGrainElems ? 1 : kGrainElems / (item_elems > 0 ? item_elems : 1);
+}
+
 // Runs f(begin, end) over [0, n) on torch's intra-op thread pool, in chunks of >= grain items.
 template <typename F>
 inline void parallel_for(int64_t n, int64_t grain, const F& f) {

@@ -11,7 +11,7 @@ template <typename T>
 void layer_norm_fwd(const T* x, const T* weight, const T* bias, T* y, acc_t<T>* mean, acc_t<T>* rstd,
                     int64_t rows, int64_t cols, double eps) {
   using A = acc_t<T>;
-  parallel_for(rows, 1, [&](int64_t begin, int64_t end) {
+  parallel_for(rows, grain_for(cols), [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       const T* xr = x + r * cols;
       T* yr = y + r * cols;
@@ -49,7 +49,7 @@ void layer_norm_bwd(const T* dy, const T* x, const T* weight, const acc_t<T>* me
   const int64_t chunks = (rows + kChunk - 1) / kChunk;
   std::vector<A> pw(chunks * cols, A(0)), pb(chunks * cols, A(0));
   const A inv_n = A(1) / static_cast<A>(cols);
-  parallel_for(chunks, 1, [&](int64_t begin, int64_t end) {
+  parallel_for(chunks, grain_for(kChunk * cols), [&](int64_t begin, int64_t end) {
     for (int64_t k = begin; k < end; ++k) {
       A* sw = pw.data() + k * cols;
       A* sb = pb.data() + k * cols;
@@ -80,7 +80,7 @@ void layer_norm_bwd(const T* dy, const T* x, const T* weight, const acc_t<T>* me
       }
     }
   });
-  parallel_for(cols, 64, [&](int64_t begin, int64_t end) {
+  parallel_for(cols, grain_for(chunks), [&](int64_t begin, int64_t end) {
     for (int64_t c = begin; c < end; ++c) {
       A w = 0, b = 0;
       for (int64_t k = 0; k < chunks; ++k) {

@@ -136,7 +136,11 @@ def main():
          "--validate-interval-updates", "400", "--num-workers", "0"]
         + (["--fp16"] if cuda else ["--cpu"]), log=train_log)
     train_s = time.time() - t_train
-    wps = [float(m) for m in re.findall(r"\| wps (\d+(?:\.\d+)?)", open(train_log).read())]
+    # fairseq's end-of-epoch summaries: "| train | epoch N | ... | wps W | ... | train_wall S |".
+    epochs = re.findall(r"\| train \| epoch .*\| wps (\d+(?:\.\d+)?) .*\| train_wall (\d+)", open(train_log).read())
+
+    # target tokens / training wall time over all epochs (fairseq's wps weighted by each epoch's time)
+    tokens_per_s = sum(float(w) * int(t) for w, t in epochs) / max(sum(int(t) for _, t in epochs), 1)
 
     step("5/6 fairseq-generate (beam 4) on the test split")
     gen = run([py, "-m", "fairseq_cli.generate", bin_dir, "--user-dir", USER_DIR, "--path",
@@ -156,7 +160,7 @@ def main():
     bleu = sacrebleu.corpus_bleu([hyps[i] for i in range(len(refs))], [refs])
     print(f"  {bleu}")
     print(f"\nRESULT  {'native' if args.native else 'fairseq_lightseq'}  BLEU {bleu.score:.2f}  "
-          f"train tokens/s (last logged wps) {wps[-1] if wps else float('nan'):.0f}  "
+          f"train tokens/s {tokens_per_s:.0f}  "
           f"train time {train_s:.0f}s  total {time.time() - t0:.0f}s  device {'cuda' if cuda else 'cpu'}")
 
 
