@@ -87,7 +87,7 @@ void scale_mask_row(const double* s, const uint8_t* pad, double sc, double* z, i
 }
 
 // In place z -> exp(z - max) (0 where z == -inf); returns the sum, 0 when every entry is -inf. float:
-// fls::exp_f32 (fls/fast_math.h), which vectorises and gives exactly 0 for -inf; float64 (gradcheck
+// fls::exp_nonpos_f32 (fls/fast_math.h), which vectorises and gives exactly 0 for -inf; float64 (gradcheck
 // only): std::exp.
 FLS_CPU_CLONES float exp_row(float* z, int64_t n) {
   const float m = row_max(z, n);
@@ -97,11 +97,11 @@ FLS_CPU_CLONES float exp_row(float* z, int64_t n) {
   int64_t j = 0;
   for (; j + 16 <= n; j += 16)
     for (int k = 0; k < 16; ++k) {
-      z[j + k] = exp_f32(z[j + k] - m);
+      z[j + k] = exp_nonpos_f32(z[j + k] - m);
       acc[k] += z[j + k];
     }
   for (; j < n; ++j) {
-    z[j] = exp_f32(z[j] - m);
+    z[j] = exp_nonpos_f32(z[j] - m);
     acc[0] += z[j];
   }
   float r = 0.0f;

@@ -12,10 +12,10 @@ namespace cpu {
 namespace {
 
 // exp(x) for x <= 0 (x = z - max or z - lse; rounding may make it a few ulp positive, which is
-// harmless): fls::exp_f32 (fls/fast_math.h), plain arithmetic that `#pragma omp simd` loops
+// harmless): fls::exp_nonpos_f32 (fls/fast_math.h), plain arithmetic that `#pragma omp simd` loops
 // vectorise; std::exp is a scalar library call. x below about -88 gives 0, negligible next to the
 // row sum >= 1 and in p_v.
-__attribute__((always_inline)) inline float exp_nonpos_acc(float x) { return exp_f32(x); }
+__attribute__((always_inline)) inline float exp_nonpos_acc(float x) { return exp_nonpos_f32(x); }
 inline double exp_nonpos_acc(double x) { return std::exp(x); }  // float64: gradcheck only
 
 constexpr int64_t kSumBlock = 512;
@@ -35,12 +35,13 @@ __attribute__((always_inline)) inline void row_stats_impl(const T* z, int64_t V,
     m = x > m ? x : m;
   }
   // Summed in blocks of kSumBlock (vector lanes within a block, then block totals), so the
-  // rounding error grows with kSumBlock + V / kSumBlock rather than with V.
+  // rounding error grows with kSumBlock + V / kSumBlock rather than with V. simdlen(8): 8 partial
+  // sums whatever the clone's vector width (AVX2 = 8 lanes), so the AVX-512 clone rounds alike.
   A s = 0, d = 0;
   for (int64_t v0 = 0; v0 < V; v0 += kSumBlock) {
     const int64_t v1 = std::min(V, v0 + kSumBlock);
     A sb = 0, db = 0;
-#pragma omp simd reduction(+ : sb, db)
+#pragma omp simd simdlen(8) reduction(+ : sb, db)
     for (int64_t v = v0; v < v1; ++v) {
       const A x = static_cast<A>(z[v]) - m;
       sb += exp_nonpos_acc(x);

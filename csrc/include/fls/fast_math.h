@@ -38,8 +38,10 @@ FLS_HD float clamp_above(float x, float hi) {
 //   exponent bits encode exactly 0: x below about -88 gives 0 (x in about [-88, -87.3] a denormal),
 //   x above 88 gives exp(88). NaN gives NaN.
 // round(x / ln2) uses the 1.5 * 2^23 trick (exact for |n| < 2^22, no rounding-mode call).
-FLS_HD float exp_f32(float x) {
-  x = clamp_above(clamp_below(x, -104.0f), 88.0f);
+// exp_nonpos_f32 is the same function for x <= 88 (softmax / log-sum-exp arguments x - max <= 0),
+// without the upper clamp.
+FLS_HD float exp_nonpos_f32(float x) {
+  x = clamp_below(x, -104.0f);
   const float magic = 12582912.0f;
   const float n = (x * 1.44269504088896341f + magic) - magic;
   const float r = (x - n * 0.693359375f) + n * 2.12194440e-4f;
@@ -54,5 +56,6 @@ FLS_HD float exp_f32(float x) {
   ni = ni < -127 ? -127 : ni;
   return e * bits_as_float(static_cast<uint32_t>(ni + 127) << 23);
 }
+FLS_HD float exp_f32(float x) { return exp_nonpos_f32(clamp_above(x, 88.0f)); }
 
 }  // namespace fls
