@@ -6,101 +6,21 @@
 #include <limits>
 #include <vector>
 
-#include "fls/philox.h"
+#include "fls/fast_math.h"
+#include "philox_batch.h"
 
 namespace fls {
 namespace cpu {
 namespace {
 
-// The float row loops below are compiled for AVX-512, AVX2 and baseline x86-64, picked at load time
-// (gcc function multi-versioning). The extension is built without -march and torch's own softmax
-// runs AVX-512 code, so baseline SSE2 alone would be ~3x slower than what we replace. Single-feature
-// targets: "arch=" targets also demand features (e.g. rdrnd) that some virtual CPUs hide.
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
-#define FLS_MULTIVERSION __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define FLS_MULTIVERSION
-#endif
+// The float row loops below are FLS_CPU_CLONES (cpu_common.h): torch's own softmax runs AVX-512
+// code, so a baseline SSE2 build alone would be ~3x slower than what we replace.
 
-// exp(x) for x in [-100, 0] in float: Cephes' expf (range reduction by ln2 split in two, degree-6
-// polynomial, about 1 ulp), branch-free so that the row loops vectorise (std::exp does not without
-// -ffast-math). 2^n is built from exponent bits with n clamped at -127, which encodes exactly 0: so
-// x <= -88.7 (masked keys are clamped to -100 by the caller) gives 0 instead of a denormal. The caller
-// clamps in a separate loop: a clamp inside this function lets gcc branch to a constant and stop
-// vectorising.
-inline float exp_clamped(float x) {
-  const float magic = 12582912.0f;  // 1.5 * 2^23: adding then subtracting it rounds to an integer
-  const float n = (x * 1.44269504088896341f + magic) - magic;
-  const float r = (x - n * 0.693359375f) + n * 2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * (r * r) + r + 1.0f;
-  const int32_t ni = std::max(static_cast<int32_t>(n), -127);
-  const int32_t bits = (ni + 127) << 23;
-  float two_n;
-  std::memcpy(&two_n, &bits, sizeof two_n);  // C++17 bit cast; vectorises like std::bit_cast
-  return p * two_n;
-}
-inline float exp_arg_clamp(float x) { return std::max(x, -100.0f); }
-// float64 exists for gradcheck only: exact std::exp, with -inf (masked) giving 0.
-inline double exp_clamped(double x) { return std::exp(x); }
-inline double exp_arg_clamp(double x) { return x; }
-
-// u[k] = word k % 4 of philox4x32_10(group g0 + k / 4) for k < 4 * n: the stream words of 4n
-// consecutive elements. Written as lane loops over kW groups so the 32x32->64 multiplies vectorise;
-// the words equal fls::philox4x32_10's (philox.h) bit for bit.
-FLS_MULTIVERSION void philox_words(uint64_t g0, int64_t n, uint64_t seed, uint32_t* u) {
-  constexpr int kW = 16;
-  for (int64_t base = 0; base < n; base += kW) {
-    uint32_t c0[kW], c1[kW], c2[kW], c3[kW];
-    for (int i = 0; i < kW; ++i) {
-      const uint64_t g = g0 + static_cast<uint64_t>(base + i);
-      c0[i] = static_cast<uint32_t>(g);
-      c1[i] = static_cast<uint32_t>(g >> 32);
-      c2[i] = 0;
-      c3[i] = 0;
-    }
-    uint32_t k0 = static_cast<uint32_t>(seed), k1 = static_cast<uint32_t>(seed >> 32);
-    for (int r = 0; r < 10; ++r) {  // the key is bumped after each round: the same as philox.h
-      for (int i = 0; i < kW; ++i) {
-        const uint64_t p0 = static_cast<uint64_t>(0xD2511F53u) * c0[i];
-        const uint64_t p1 = static_cast<uint64_t>(0xCD9E8D57u) * c2[i];
-        const uint32_t n0 = static_cast<uint32_t>(p1 >> 32) ^ c1[i] ^ k0;
-        const uint32_t n2 = static_cast<uint32_t>(p0 >> 32) ^ c3[i] ^ k1;
-        c0[i] = n0;
-        c1[i] = static_cast<uint32_t>(p1);
-        c2[i] = n2;
-        c3[i] = static_cast<uint32_t>(p0);
-      }
-      k0 += 0x9E3779B9u;
-      k1 += 0xBB67AE85u;
-    }
-    const int m = static_cast<int>(std::min<int64_t>(kW, n - base));
-    for (int i = 0; i < m; ++i) {
-      uint32_t* w = u + 4 * (base + i);
-      w[0] = c0[i];
-      w[1] = c1[i];
-      w[2] = c2[i];
-      w[3] = c3[i];
-    }
-  }
-}
-
-// fac[j] = dropout multiplier (1/(1-p) or 0) of stream element s0 + j, j < n. `u` holds >= n + 8 words.
+// fac[j] = dropout multiplier (1/(1-p) or 0) of stream element s0 + j, j < n; u: dropout_words(n) words.
 template <typename A>
 inline void dropout_factors(uint64_t s0, int64_t n, const DropoutParams& d, uint32_t* u, A* fac) {
-  const uint64_t g0 = s0 >> 2;
-  const int64_t lane0 = static_cast<int64_t>(s0 & 3);
-  philox_words(g0, (lane0 + n + 3) / 4, d.seed, u);
-  const A keep_scale = static_cast<A>(d.scale);
-  const uint32_t thr = d.threshold;
-  for (int64_t j = 0; j < n; ++j) fac[j] = (u[lane0 + j] >> 8) >= thr ? keep_scale : A(0);
+  dropout_select(s0, n, d, u, static_cast<A>(d.scale), A(0), fac);
 }
-
 
 // Reductions with 16 independent accumulators: a fixed order (deterministic) that vectorises.
 template <typename A>
@@ -159,28 +79,29 @@ inline void scale_mask_row_t(const A* s, const uint8_t* pad, A sc, A* z, int64_t
     for (int64_t j = 0; j < n; ++j) z[j] = sc * s[j];
   }
 }
-FLS_MULTIVERSION void scale_mask_row(const float* s, const uint8_t* pad, float sc, float* z, int64_t n) {
+FLS_CPU_CLONES void scale_mask_row(const float* s, const uint8_t* pad, float sc, float* z, int64_t n) {
   scale_mask_row_t(s, pad, sc, z, n);
 }
 void scale_mask_row(const double* s, const uint8_t* pad, double sc, double* z, int64_t n) {
   scale_mask_row_t(s, pad, sc, z, n);
 }
 
-// In place z -> exp(z - max) (0 where z == -inf); returns the sum, 0 when every entry is -inf.
-FLS_MULTIVERSION float exp_row(float* z, int64_t n) {
+// In place z -> exp(z - max) (0 where z == -inf); returns the sum, 0 when every entry is -inf. float:
+// fls::exp_nonpos_f32 (fls/fast_math.h), which vectorises and gives exactly 0 for -inf; float64 (gradcheck
+// only): std::exp.
+FLS_CPU_CLONES float exp_row(float* z, int64_t n) {
   const float m = row_max(z, n);
   if (m == -std::numeric_limits<float>::infinity()) return 0.0f;
-  for (int64_t j = 0; j < n; ++j) z[j] = exp_arg_clamp(z[j] - m);  // masked: -inf -> -100
-  // exp (masked -> exactly 0) and the sum in one pass, 16 accumulators (fixed order).
+  // exp (masked: -inf -> exactly 0) and the sum in one pass, 16 accumulators (fixed order).
   float acc[16] = {};
   int64_t j = 0;
   for (; j + 16 <= n; j += 16)
     for (int k = 0; k < 16; ++k) {
-      z[j + k] = exp_clamped(z[j + k]);
+      z[j + k] = exp_nonpos_f32(z[j + k] - m);
       acc[k] += z[j + k];
     }
   for (; j < n; ++j) {
-    z[j] = exp_clamped(z[j]);
+    z[j] = exp_nonpos_f32(z[j] - m);
     acc[0] += z[j];
   }
   float r = 0.0f;
@@ -201,7 +122,7 @@ inline void write_row_t(const A* e, A inv, const A* fac, A* y, A* out, int64_t n
   if (fac)
     for (int64_t j = 0; j < n; ++j) out[j] = e[j] * inv * fac[j];
 }
-FLS_MULTIVERSION void write_row(const float* e, float inv, const float* fac, float* y, float* out, int64_t n) {
+FLS_CPU_CLONES void write_row(const float* e, float inv, const float* fac, float* y, float* out, int64_t n) {
   write_row_t(e, inv, fac, y, out, n);
 }
 void write_row(const double* e, double inv, const double* fac, double* y, double* out, int64_t n) {
@@ -218,7 +139,7 @@ inline void bwd_row_t(const A* dout, const A* y, const A* fac, A sc, A* ds, int6
     for (int64_t j = 0; j < n; ++j) ds[j] = sc * y[j] * (dout[j] - dot);
   }
 }
-FLS_MULTIVERSION void bwd_row(const float* dout, const float* y, const float* fac, float sc, float* ds, int64_t n) {
+FLS_CPU_CLONES void bwd_row(const float* dout, const float* y, const float* fac, float sc, float* ds, int64_t n) {
   bwd_row_t(dout, y, fac, sc, ds, n);
 }
 void bwd_row(const double* dout, const double* y, const double* fac, double sc, double* ds, int64_t n) {
@@ -231,13 +152,13 @@ int64_t row_grain(int64_t cols) { return std::max<int64_t>(1, 16384 / std::max<i
 // bfloat16 <-> float for whole rows, branch-free so they vectorise (c10::BFloat16's scalar
 // conversions do not): bf16 is the high half of a float; rounding is to nearest even, NaN stays NaN,
 // as c10's.
-FLS_MULTIVERSION void bf16_to_float(const uint16_t* src, float* dst, int64_t n) {
+FLS_CPU_CLONES void bf16_to_float(const uint16_t* src, float* dst, int64_t n) {
   for (int64_t j = 0; j < n; ++j) {
     const uint32_t bits = static_cast<uint32_t>(src[j]) << 16;
     std::memcpy(dst + j, &bits, sizeof(float));
   }
 }
-FLS_MULTIVERSION void float_to_bf16(const float* src, uint16_t* dst, int64_t n) {
+FLS_CPU_CLONES void float_to_bf16(const float* src, uint16_t* dst, int64_t n) {
   for (int64_t j = 0; j < n; ++j) {
     uint32_t u;
     std::memcpy(&u, src + j, sizeof(float));
@@ -279,7 +200,7 @@ void attention_softmax_fwd(const T* scores, const bool* key_padding_mask, T* y, 
   const A sc = static_cast<A>(scale);
   parallel_for(rows, row_grain(Tk), [&](int64_t begin, int64_t end) {
     std::vector<A> z(Tk), sbuf(Tk), ybuf(Tk), obuf(Tk), fac(drop ? Tk : 0);
-    std::vector<uint32_t> u(drop ? Tk + 8 : 0);
+    std::vector<uint32_t> u(drop ? dropout_words(Tk) : 0);
     for (int64_t r = begin; r < end; ++r) {
       const int64_t b = r / (H * Tq), i = r % Tq;
       // Keys j < lim survive the causal mask; the padding mask is applied on top. Keys j >= lim are
@@ -320,7 +241,7 @@ void attention_softmax_bwd(const T* dout, const T* y, T* dscores, int64_t rows, 
   const A sc = static_cast<A>(scale);
   parallel_for(rows, row_grain(Tk), [&](int64_t begin, int64_t end) {
     std::vector<A> gbuf(Tk), ybuf(Tk), dbuf(Tk), fac(drop ? Tk : 0);
-    std::vector<uint32_t> u(drop ? Tk + 8 : 0);
+    std::vector<uint32_t> u(drop ? dropout_words(Tk) : 0);
     for (int64_t r = begin; r < end; ++r) {
       // The dropout mask is regenerated from (seed, offset + flat index), not stored.
       if (drop) dropout_factors(d.offset + static_cast<uint64_t>(r * Tk), Tk, d, u.data(), fac.data());

@@ -31,6 +31,16 @@ inline void parallel_for(int64_t n, int64_t grain, const F& f) {
 }  // namespace cpu
 }  // namespace fls
 
+// Hot CPU loops (Philox, softmax rows, cross-entropy rows, activations) are compiled as AVX-512,
+// AVX2 and baseline clones picked at load time (gcc function multi-versioning): the build's -march
+// (setup.py) may be portable x86-64 (SSE2), while AVX2 runs 8 lanes and AVX-512 16. Single-feature
+// targets: "arch=" targets also demand features (e.g. rdrnd) that some virtual CPUs hide.
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+#define FLS_CPU_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define FLS_CPU_CLONES
+#endif
+
 // Explicit instantiations of a CPU kernel template for the CPU storage types.
 #define FLS_CPU_INSTANTIATE(MACRO) \
   MACRO(float)                     \

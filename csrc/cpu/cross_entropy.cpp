@@ -2,9 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <limits>
 
+#include "fls/fast_math.h"
 #include "fls/label_smoothing.h"
 
 namespace fls {
@@ -12,36 +12,10 @@ namespace cpu {
 namespace {
 
 // exp(x) for x <= 0 (x = z - max or z - lse; rounding may make it a few ulp positive, which is
-// harmless) in plain arithmetic (Cephes expf: range reduction by ln2, degree-6 polynomial,
-// ~1 ulp), so that `#pragma omp simd` loops vectorise it; std::exp is a scalar library call.
-// x below -87.3 is raised to -87.3 (result ~1e-38 instead of a denormal or 0, negligible next to
-// the row sum >= 1 and in p_v). The clamp is a bit select, not a ?: on floats, which GCC does not
-// if-convert (the loop would stay scalar); NaN passes through unchanged.
-__attribute__((always_inline)) inline float exp_nonpos(float x) {
-  const float lo = -87.3f;
-  int32_t xb, lb;
-  std::memcpy(&xb, &x, sizeof(xb));
-  std::memcpy(&lb, &lo, sizeof(lb));
-  const int32_t keep = -static_cast<int32_t>(!(x < lo));
-  xb = (xb & keep) | (lb & ~keep);
-  std::memcpy(&x, &xb, sizeof(x));
-  // round(x / ln2) by the 1.5 * 2^23 trick (exact for |n| < 2^22, no rounding-mode call).
-  const float n = (x * 1.44269504088896341f + 12582912.f) - 12582912.f;
-  const float r = (x - n * 0.693359375f) + n * 2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  const float e = p * r * r + r + 1.f;
-  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;  // 2^n, n in [-126, 0]
-  float scale;
-  std::memcpy(&scale, &bits, sizeof(scale));
-  return e * scale;
-}
-
-__attribute__((always_inline)) inline float exp_nonpos_acc(float x) { return exp_nonpos(x); }
+// harmless): fls::exp_nonpos_f32 (fls/fast_math.h), plain arithmetic that `#pragma omp simd` loops
+// vectorise; std::exp is a scalar library call. x below about -88 gives 0, negligible next to the
+// row sum >= 1 and in p_v.
+__attribute__((always_inline)) inline float exp_nonpos_acc(float x) { return exp_nonpos_f32(x); }
 inline double exp_nonpos_acc(double x) { return std::exp(x); }  // float64: gradcheck only
 
 constexpr int64_t kSumBlock = 512;
@@ -51,9 +25,7 @@ inline int64_t grain_rows(int64_t V) {
   return std::max<int64_t>(1, 32768 / std::max<int64_t>(V, 1));
 }
 
-// The two row loops, inlined into per-ISA clones below: the default clone is SSE2 (4 floats); on
-// x86-64 with GCC an AVX2+FMA clone (8 floats) is picked at load time (ifunc), since the build
-// flags cannot assume the machine.
+// The two row loops, inlined into the per-ISA clones of FLS_CPU_CLONES (cpu_common.h) below.
 template <typename T, typename A>
 __attribute__((always_inline)) inline void row_stats_impl(const T* z, int64_t V, A& m_out, A& s_out, A& d_out) {
   A m = -std::numeric_limits<A>::infinity();
@@ -63,12 +35,13 @@ __attribute__((always_inline)) inline void row_stats_impl(const T* z, int64_t V,
     m = x > m ? x : m;
   }
   // Summed in blocks of kSumBlock (vector lanes within a block, then block totals), so the
-  // rounding error grows with kSumBlock + V / kSumBlock rather than with V.
+  // rounding error grows with kSumBlock + V / kSumBlock rather than with V. simdlen(8): 8 partial
+  // sums whatever the clone's vector width (AVX2 = 8 lanes), so the AVX-512 clone rounds alike.
   A s = 0, d = 0;
   for (int64_t v0 = 0; v0 < V; v0 += kSumBlock) {
     const int64_t v1 = std::min(V, v0 + kSumBlock);
     A sb = 0, db = 0;
-#pragma omp simd reduction(+ : sb, db)
+#pragma omp simd simdlen(8) reduction(+ : sb, db)
     for (int64_t v = v0; v < v1; ++v) {
       const A x = static_cast<A>(z[v]) - m;
       sb += exp_nonpos_acc(x);
@@ -92,12 +65,6 @@ __attribute__((always_inline)) inline void row_grad_impl(const T* z, int64_t V, 
     g[v] = static_cast<T>(c_p * p - c_0);
   }
 }
-
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define FLS_CPU_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
-#else
-#define FLS_CPU_CLONES
-#endif
 
 #define FLS_XENT_ROWS(T, A, CLONES)                                                           \
   CLONES void row_stats(const T* z, int64_t V, A& m, A& s, A& d) { row_stats_impl(z, V, m, s, d); } \

@@ -1,5 +1,5 @@
 // FP ops here never raise traps we care about; without this, GCC (no -ffast-math) refuses to
-// if-convert the selects in fls/activations.h's exp/erf/tanh and the loops stay scalar (~5x slower).
+// if-convert the float selects in fls/activations.h's erf/tanh and the loops stay scalar (~5x slower).
 #pragma GCC optimize("no-trapping-math")
 // Bias + activation + dropout (+ residual) on CPU. Both public ops of the family run through one
 // forward and one backward template, specialised at compile time on the activation (identity for
@@ -10,6 +10,8 @@
 #include <type_traits>
 #include <vector>
 
+#include "philox_batch.h"
+
 namespace fls {
 namespace cpu {
 namespace {
@@ -19,77 +21,19 @@ namespace {
 constexpr int64_t kBlock = 4096;
 constexpr int64_t kRowsPerChunk = 32;
 
-// o[4j + k] = keep bit k of group g0 + j ? kv : dv, for j in [0, groups). No cross-iteration
-// dependence, so the compiler vectorises the ten Philox rounds across groups; Philox is most of the
-// cost of these ops, and AVX2 (4 lanes of 32x32->64-bit multiplies vs SSE2's 2) runs it about twice
-// as fast, hence a runtime-dispatched AVX2 clone (the build targets baseline x86-64).
-template <typename V>
-inline void keep_groups(V* o, uint64_t g0, int64_t groups, uint64_t seed, uint32_t thr, V kv, V dv) {
-  for (int64_t j = 0; j < groups; ++j) {
-    const U32x4 u = philox4x32_10(g0 + static_cast<uint64_t>(j), seed);
-    o[4 * j + 0] = (u.v[0] >> 8) >= thr ? kv : dv;
-    o[4 * j + 1] = (u.v[1] >> 8) >= thr ? kv : dv;
-    o[4 * j + 2] = (u.v[2] >> 8) >= thr ? kv : dv;
-    o[4 * j + 3] = (u.v[3] >> 8) >= thr ? kv : dv;
-  }
-}
-
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define FLS_X86_CLONES __attribute__((target_clones("avx2", "default")))
-#else
-#define FLS_X86_CLONES
-#endif
-
-FLS_X86_CLONES void keep_groups_f32(float* o, uint64_t g0, int64_t groups, uint64_t seed, uint32_t thr, float kv,
-                                    float dv) {
-  keep_groups<float>(o, g0, groups, seed, thr, kv, dv);
-}
-FLS_X86_CLONES void keep_groups_bool(bool* o, uint64_t g0, int64_t groups, uint64_t seed, uint32_t thr) {
-  keep_groups<bool>(o, g0, groups, seed, thr, true, false);
-}
-
-template <typename V>
-void keep_groups_any(V* o, uint64_t g0, int64_t groups, uint64_t seed, uint32_t thr, V kv, V dv) {
-  if constexpr (std::is_same<V, float>::value) {
-    keep_groups_f32(o, g0, groups, seed, thr, kv, dv);
-  } else if constexpr (std::is_same<V, bool>::value) {
-    keep_groups_bool(o, g0, groups, seed, thr);
-  } else {
-    keep_groups<V>(o, g0, groups, seed, thr, kv, dv);
-  }
-}
-
-// out[i] = keep ? kv : dv for stream elements s0 .. s0+n-1: one Philox block per 4 elements.
-template <typename V>
-void fill_keep(V* out, uint64_t s0, int64_t n, const DropoutParams& d, V kv, V dv) {
-  int64_t i = 0;
-  uint64_t s = s0;
-  if ((s & 3) && n > 0) {  // head: the rest of a partly used group
-    const uint32_t k = dropout_keep4(s >> 2, d);
-    for (; i < n && (s & 3); ++i, ++s) out[i] = ((k >> (s & 3)) & 1u) ? kv : dv;
-  }
-  const int64_t groups = (n - i) >> 2;
-  keep_groups_any<V>(out + i, s >> 2, groups, d.seed, d.threshold, kv, dv);
-  i += groups * 4;
-  s += static_cast<uint64_t>(groups) * 4;
-  if (i < n) {  // tail: the start of a group
-    const uint32_t k = dropout_keep4(s >> 2, d);
-    for (; i < n; ++i, ++s) out[i] = ((k >> (s & 3)) & 1u) ? kv : dv;
-  }
-}
-
 // f[i] = multiplier of stream element s0 + i: scale or 0, or 1 when dropout is off.
+// u: scratch of dropout_words(n) words (philox_batch.h).
 template <typename A>
-void fill_factors(A* f, uint64_t s0, int64_t n, const DropoutParams& d) {
+void fill_factors(A* f, uint64_t s0, int64_t n, const DropoutParams& d, uint32_t* u) {
   if (d.threshold == 0) {
     std::fill(f, f + n, A(1));
     return;
   }
-  fill_keep<A>(f, s0, n, d, static_cast<A>(d.scale), A(0));
+  dropout_select<A>(s0, n, d, u, static_cast<A>(d.scale), A(0), f);
 }
 
 // The per-element loops. Plain templates for every type; for float (the training dtype on CPU)
-// they are called through AVX2 clones (8 lanes instead of SSE2's 4) picked at run time.
+// they are called through the FLS_CPU_CLONES (cpu_common.h) picked at run time.
 template <typename T, Act ACT, bool RESID>
 inline void seg_fwd_loop(const T* xe, const T* be, const T* re, const acc_t<T>* fe, T* ye, int64_t n) {
   using A = acc_t<T>;
@@ -117,11 +61,11 @@ inline void row_bwd_loop(const T* dyr, const T* xr, const T* bias, const acc_t<T
 }
 
 #define FLS_F32_CLONES(ACT, NAME)                                                                              \
-  FLS_X86_CLONES void seg_fwd_f32_##NAME(const float* xe, const float* be, const float* re, const float* fe,   \
+  FLS_CPU_CLONES void seg_fwd_f32_##NAME(const float* xe, const float* be, const float* re, const float* fe,   \
                                          float* ye, int64_t n) {                                               \
     seg_fwd_loop<float, ACT, false>(xe, be, re, fe, ye, n);                                                    \
   }                                                                                                            \
-  FLS_X86_CLONES void row_bwd_f32_##NAME(const float* dyr, const float* xr, const float* bias, const float* f,  \
+  FLS_CPU_CLONES void row_bwd_f32_##NAME(const float* dyr, const float* xr, const float* bias, const float* f,  \
                                          float* dxr, float* s, int64_t n) {                                    \
     row_bwd_loop<float, ACT>(dyr, xr, bias, f, dxr, s, n);                                                     \
   }
@@ -129,7 +73,7 @@ FLS_F32_CLONES(Act::kIdentity, identity)
 FLS_F32_CLONES(Act::kRelu, relu)
 FLS_F32_CLONES(Act::kGelu, gelu)
 FLS_F32_CLONES(Act::kGeluTanh, gelu_tanh)
-FLS_X86_CLONES void seg_fwd_f32_residual(const float* xe, const float* be, const float* re, const float* fe,
+FLS_CPU_CLONES void seg_fwd_f32_residual(const float* xe, const float* be, const float* re, const float* fe,
                                          float* ye, int64_t n) {
   seg_fwd_loop<float, Act::kIdentity, true>(xe, be, re, fe, ye, n);
 }
@@ -167,10 +111,11 @@ void fwd_impl(const T* x, const T* bias, const T* residual, T* y, int64_t rows, 
   const int64_t blocks = (n + kBlock - 1) / kBlock;
   parallel_for(blocks, 1, [&](int64_t b0, int64_t b1) {
     std::vector<A> fbuf(kBlock);
+    std::vector<uint32_t> u(dropout_words(kBlock));
     A* f = fbuf.data();
     for (int64_t blk = b0; blk < b1; ++blk) {
       const int64_t e0 = blk * kBlock, e1 = std::min(n, e0 + kBlock);
-      fill_factors(f, d.offset + static_cast<uint64_t>(e0), e1 - e0, d);
+      fill_factors(f, d.offset + static_cast<uint64_t>(e0), e1 - e0, d, u.data());
       // Walk the block in row segments so the bias index is a contiguous run.
       int64_t c = e0 % cols;
       for (int64_t e = e0; e < e1;) {
@@ -192,6 +137,7 @@ void bwd_impl(const T* dy, const T* x, const T* bias, T* dx, T* dbias, int64_t r
   // Step 1: per chunk of rows, dx and the chunk's column sums (rows in order).
   parallel_for(chunks, 1, [&](int64_t k0, int64_t k1) {
     std::vector<A> fbuf(cols);
+    std::vector<uint32_t> u(dropout_words(cols));
     A* f = fbuf.data();
     for (int64_t k = k0; k < k1; ++k) {
       A* s = partial.data() + k * cols;
@@ -199,7 +145,7 @@ void bwd_impl(const T* dy, const T* x, const T* bias, T* dx, T* dbias, int64_t r
       const int64_t r1 = std::min(rows, (k + 1) * kRowsPerChunk);
       for (int64_t r = k * kRowsPerChunk; r < r1; ++r) {
         const int64_t e0 = r * cols;
-        fill_factors(f, d.offset + static_cast<uint64_t>(e0), cols, d);
+        fill_factors(f, d.offset + static_cast<uint64_t>(e0), cols, d, u.data());
         row_bwd<T, ACT>(dy + e0, ACT == Act::kIdentity ? nullptr : x + e0, bias, f, dx + e0, s, cols);
       }
     }
@@ -220,9 +166,10 @@ void bwd_impl(const T* dy, const T* x, const T* bias, T* dx, T* dbias, int64_t r
 void dropout_mask(bool* keep, int64_t n, const DropoutParams& d) {
   const int64_t blocks = (n + kBlock - 1) / kBlock;
   parallel_for(blocks, 1, [&](int64_t b0, int64_t b1) {
+    std::vector<uint32_t> u(dropout_words(kBlock));
     for (int64_t blk = b0; blk < b1; ++blk) {
       const int64_t e0 = blk * kBlock, e1 = std::min(n, e0 + kBlock);
-      fill_keep<bool>(keep + e0, d.offset + static_cast<uint64_t>(e0), e1 - e0, d, true, false);
+      dropout_select<bool>(d.offset + static_cast<uint64_t>(e0), e1 - e0, d, u.data(), true, false, keep + e0);
     }
   });
 }

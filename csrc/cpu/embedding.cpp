@@ -5,105 +5,26 @@
 #include <algorithm>
 #include <vector>
 
-#include "fls/philox.h"
-
-#if defined(__SSE2__)
-#include <emmintrin.h>
-#endif
+#include "philox_batch.h"
 
 namespace fls {
 namespace cpu {
 namespace {
 
-// Keep bits of the Philox blocks g0 .. g0+kLanes-1 (bits[i] = dropout_keep4(g0 + i, d)). The rounds of
-// fls::philox4x32_10 (philox.h) run on 2 x 4 counters in SSE2 registers (baseline on x86-64): GCC does not
-// vectorise the 32x32->64 multiplies by itself, and one scalar Philox per 4 elements costs more than the
-// rest of the kernel. Other targets call the scalar generator. Bitwise equality with the reference is
-// tested (tests/test_embedding.py).
-constexpr int kLanes = 8;
-#if defined(__SSE2__)
-inline void mulhilo4(__m128i c, __m128i m, __m128i* hi, __m128i* lo) {
-  const __m128i even = _mm_shuffle_epi32(_mm_mul_epu32(c, m), _MM_SHUFFLE(3, 1, 2, 0));  // lo0 lo2 hi0 hi2
-  const __m128i odd = _mm_shuffle_epi32(_mm_mul_epu32(_mm_srli_epi64(c, 32), m), _MM_SHUFFLE(3, 1, 2, 0));
-  *lo = _mm_unpacklo_epi32(even, odd);
-  *hi = _mm_unpackhi_epi32(even, odd);
-}
-
-inline void dropout_keep4_lanes(uint64_t g0, const DropoutParams& d, uint32_t* bits) {
-  __m128i c0[2], c1[2], c2[2], c3[2];
-  for (int h = 0; h < 2; ++h) {
-    alignas(16) uint32_t lo[4], hi[4];
-    for (int i = 0; i < 4; ++i) {
-      const uint64_t g = g0 + static_cast<uint64_t>(4 * h + i);
-      lo[i] = static_cast<uint32_t>(g);
-      hi[i] = static_cast<uint32_t>(g >> 32);
-    }
-    c0[h] = _mm_load_si128(reinterpret_cast<const __m128i*>(lo));
-    c1[h] = _mm_load_si128(reinterpret_cast<const __m128i*>(hi));
-    c2[h] = _mm_setzero_si128();
-    c3[h] = _mm_setzero_si128();
-  }
-  const __m128i m0 = _mm_set1_epi32(static_cast<int>(0xD2511F53u)), m1 = _mm_set1_epi32(static_cast<int>(0xCD9E8D57u));
-  uint32_t k0 = static_cast<uint32_t>(d.seed), k1 = static_cast<uint32_t>(d.seed >> 32);
-  for (int r = 0; r < 10; ++r) {
-    if (r > 0) {
-      k0 += 0x9E3779B9u;
-      k1 += 0xBB67AE85u;
-    }
-    const __m128i vk0 = _mm_set1_epi32(static_cast<int>(k0)), vk1 = _mm_set1_epi32(static_cast<int>(k1));
-    for (int h = 0; h < 2; ++h) {
-      __m128i hi0, lo0, hi1, lo1;
-      mulhilo4(c0[h], m0, &hi0, &lo0);
-      mulhilo4(c2[h], m1, &hi1, &lo1);
-      c0[h] = _mm_xor_si128(_mm_xor_si128(hi1, c1[h]), vk0);
-      c1[h] = lo1;
-      c2[h] = _mm_xor_si128(_mm_xor_si128(hi0, c3[h]), vk1);
-      c3[h] = lo0;
-    }
-  }
-  // keep iff (u >> 8) >= threshold; both sides < 2^31 after the shift (threshold <= 2^24), so a signed
-  // compare is exact: dropped iff threshold > (u >> 8).
-  const __m128i thr = _mm_set1_epi32(static_cast<int>(d.threshold));
-  for (int h = 0; h < 2; ++h) {
-    const __m128i* c[4] = {&c0[h], &c1[h], &c2[h], &c3[h]};
-    __m128i b = _mm_setzero_si128();
-    for (int k = 0; k < 4; ++k) {
-      const __m128i dropped = _mm_cmpgt_epi32(thr, _mm_srli_epi32(*c[k], 8));
-      b = _mm_or_si128(b, _mm_andnot_si128(dropped, _mm_set1_epi32(1 << k)));
-    }
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(bits + 4 * h), b);
-  }
-}
-#else
-inline void dropout_keep4_lanes(uint64_t g0, const DropoutParams& d, uint32_t* bits) {
-  for (int i = 0; i < kLanes; ++i) bits[i] = dropout_keep4(g0 + static_cast<uint64_t>(i), d);
-}
-#endif
-
 // Per-thread scratch of the dropout factors of one row.
 template <typename A>
 struct RowDropout {
-  std::vector<A> factor;       // factors of the row's whole blocks: [4 * blocks]
-  std::vector<uint32_t> bits;  // keep bits of the row's Philox blocks, padded to whole lanes
-  RowDropout(bool drop, int64_t dim) : factor(drop ? 4 * ((dim + 3) / 4 + 1) : 0), bits(drop ? (dim + 3) / 4 + 1 + kLanes : 0) {}
+  std::vector<A> factor;  // [dim]
+  std::vector<uint32_t> words;  // Philox words of the row (philox_batch.h)
+  RowDropout(bool drop, int64_t dim) : factor(drop ? dim : 0), words(drop ? dropout_words(dim) : 0) {}
 
   // factor[c] = mult * (keep(c) ? 1/(1-p) : 0) for the elements row*dim .. row*dim+dim-1 of the draw: one
   // Philox block per 4 stream elements (a row's first and last blocks may be shared with the neighbouring
   // rows, so rows do not split the stream into whole blocks).
   const A* compute(int64_t row, int64_t dim, A mult, const DropoutParams& d) {
     const uint64_t s0 = d.offset + static_cast<uint64_t>(row) * static_cast<uint64_t>(dim);
-    const uint64_t g0 = s0 >> 2, ng = ((s0 + static_cast<uint64_t>(dim) + 3) >> 2) - g0;
-    for (uint64_t j = 0; j < ng; j += kLanes) dropout_keep4_lanes(g0 + j, d, bits.data() + j);
-    const A kept = static_cast<A>(d.scale) * mult;
-    const uint32_t* bt = bits.data();
-    // Factors of whole blocks (a regular loop the compiler vectorises); the row starts s0 & 3 into it.
-    A* f = factor.data();
-    for (uint64_t j = 0; j < ng; ++j) {
-      const uint32_t b = bt[j];
-      for (int k = 0; k < 4; ++k) f[4 * j + k] = ((b >> k) & 1u) ? kept : A(0);
-    }
-    f += s0 & 3;
-    return f;
+    dropout_select<A>(s0, dim, d, words.data(), static_cast<A>(d.scale) * mult, A(0), factor.data());
+    return factor.data();
   }
 };
 

@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "fls/common.h"
+#include "fls/fast_math.h"
 
 namespace fls {
 
@@ -30,30 +31,8 @@ constexpr double kTanhCubic = 0.044715;
 // torch's vectorised gelu). These versions are straight-line float arithmetic and selects that
 // the compiler vectorises on the CPU and that cost a few FMAs on the GPU; their absolute error
 // (< 3e-7) is far below the fp32 kernel tolerance. torch's own vectorised CPU erf uses the same
-// Abramowitz-Stegun formula. float64 uses libm (gradcheck wants full precision).
-
-FLS_HD float bits_as_float(uint32_t u) {
-  float f;
-  memcpy(&f, &u, sizeof(f));
-  return f;
-}
-
-// exp(x), Cephes expf: x = k ln2 + r, |r| <= ln2/2, exp(r) by a degree-7 polynomial, times 2^k.
-// x is clamped to [-87, 88] (2^k stays a normal float); relative error about 2 ulp.
-FLS_HD float exp_f32(float x) {
-  x = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
-  const int k = static_cast<int>(x * 1.44269504088896341f + (x >= 0.0f ? 0.5f : -0.5f));  // round(x / ln2)
-  const float kf = static_cast<float>(k);
-  const float r = (x - kf * 0.693359375f) + kf * 2.12194440e-4f;  // ln2 split in two for exact k ln2
-  float q = 1.9875691500e-4f;
-  q = q * r + 1.3981999507e-3f;
-  q = q * r + 8.3334519073e-3f;
-  q = q * r + 4.1665795894e-2f;
-  q = q * r + 1.6666665459e-1f;
-  q = q * r + 5.0000001201e-1f;
-  const float e = q * r * r + r + 1.0f;
-  return e * bits_as_float(static_cast<uint32_t>(k + 127) << 23);
-}
+// Abramowitz-Stegun formula. float64 uses libm (gradcheck wants full precision). exp_f32 is in
+// fls/fast_math.h.
 
 // erf(x), Abramowitz & Stegun 7.1.26: |error| < 1.5e-7 (plus float rounding). `e` must be
 // exp_f32(-x * x), passed in so gelu_grad can reuse it for the normal pdf.
