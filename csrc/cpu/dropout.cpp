@@ -109,7 +109,7 @@ void fwd_impl(const T* x, const T* bias, const T* residual, T* y, int64_t rows, 
   using A = acc_t<T>;
   const int64_t n = rows * cols;
   const int64_t blocks = (n + kBlock - 1) / kBlock;
-  parallel_for(blocks, 1, [&](int64_t b0, int64_t b1) {
+  parallel_for(blocks, grain_for(kBlock), [&](int64_t b0, int64_t b1) {
     std::vector<A> fbuf(kBlock);
     std::vector<uint32_t> u(dropout_words(kBlock));
     A* f = fbuf.data();
@@ -135,7 +135,7 @@ void bwd_impl(const T* dy, const T* x, const T* bias, T* dx, T* dbias, int64_t r
   const int64_t chunks = (rows + kRowsPerChunk - 1) / kRowsPerChunk;
   std::vector<A> partial(static_cast<size_t>(chunks * cols));
   // Step 1: per chunk of rows, dx and the chunk's column sums (rows in order).
-  parallel_for(chunks, 1, [&](int64_t k0, int64_t k1) {
+  parallel_for(chunks, grain_for(kRowsPerChunk * cols), [&](int64_t k0, int64_t k1) {
     std::vector<A> fbuf(cols);
     std::vector<uint32_t> u(dropout_words(cols));
     A* f = fbuf.data();
@@ -151,7 +151,7 @@ void bwd_impl(const T* dy, const T* x, const T* bias, T* dx, T* dbias, int64_t r
     }
   });
   // Step 2: dbias[c] = sum of the chunk sums in chunk order; columns split across threads.
-  parallel_for(cols, 256, [&](int64_t c0, int64_t c1) {
+  parallel_for(cols, std::max<int64_t>(256, grain_for(chunks)), [&](int64_t c0, int64_t c1) {
     std::vector<A> acc(c1 - c0, A(0));
     for (int64_t k = 0; k < chunks; ++k) {
       const A* s = partial.data() + k * cols;
@@ -165,7 +165,7 @@ void bwd_impl(const T* dy, const T* x, const T* bias, T* dx, T* dbias, int64_t r
 
 void dropout_mask(bool* keep, int64_t n, const DropoutParams& d) {
   const int64_t blocks = (n + kBlock - 1) / kBlock;
-  parallel_for(blocks, 1, [&](int64_t b0, int64_t b1) {
+  parallel_for(blocks, grain_for(kBlock), [&](int64_t b0, int64_t b1) {
     std::vector<uint32_t> u(dropout_words(kBlock));
     for (int64_t blk = b0; blk < b1; ++blk) {
       const int64_t e0 = blk * kBlock, e1 = std::min(n, e0 + kBlock);
