@@ -27,7 +27,19 @@ def _layer_norm(ln: nn.LayerNorm, x: Tensor) -> Tensor:
 
 
 class _FeedForwardMixin:
-    """fc1 -> bias+act+dropout -> fc2 -> bias+dropout+residual, shared by both layers."""
+    """Self-attention and fc1 -> bias+act+dropout -> fc2 -> bias+dropout+residual, shared by both
+    layers."""
+
+    def _build_common(self, embed_dim: int, num_heads: int, dropout: float,
+                      attention_dropout: float, activation_dropout: float, activation_fn: str,
+                      normalize_before: bool):
+        self.embed_dim = embed_dim
+        self.dropout = dropout
+        self.activation_dropout = activation_dropout
+        self.activation = _check_activation(activation_fn)
+        self.normalize_before = normalize_before
+        self.self_attn = LSMultiheadAttention(embed_dim, num_heads, attention_dropout, self_attention=True)
+        self.self_attn_layer_norm = nn.LayerNorm(embed_dim)
 
     def _build_ffn(self, embed_dim: int, ffn_dim: int):
         self.fc1 = nn.Linear(embed_dim, ffn_dim)
@@ -68,13 +80,8 @@ class LSTransformerEncoderLayer(_FeedForwardMixin, nn.Module):
                  attention_dropout: float = 0.0, activation_dropout: float = 0.0,
                  activation_fn: str = "relu", normalize_before: bool = False):
         super().__init__()
-        self.embed_dim = embed_dim
-        self.dropout = dropout
-        self.activation_dropout = activation_dropout
-        self.activation = _check_activation(activation_fn)
-        self.normalize_before = normalize_before
-        self.self_attn = LSMultiheadAttention(embed_dim, num_heads, attention_dropout, self_attention=True)
-        self.self_attn_layer_norm = nn.LayerNorm(embed_dim)
+        self._build_common(embed_dim, num_heads, dropout, attention_dropout, activation_dropout,
+                           activation_fn, normalize_before)
         self._build_ffn(embed_dim, ffn_dim)
 
     def forward(self, x: Tensor, encoder_padding_mask: Optional[Tensor] = None) -> Tensor:
@@ -103,13 +110,8 @@ class LSTransformerDecoderLayer(_FeedForwardMixin, nn.Module):
                  activation_fn: str = "relu", normalize_before: bool = False,
                  encoder_embed_dim: Optional[int] = None, no_encoder_attn: bool = False):
         super().__init__()
-        self.embed_dim = embed_dim
-        self.dropout = dropout
-        self.activation_dropout = activation_dropout
-        self.activation = _check_activation(activation_fn)
-        self.normalize_before = normalize_before
-        self.self_attn = LSMultiheadAttention(embed_dim, num_heads, attention_dropout, self_attention=True)
-        self.self_attn_layer_norm = nn.LayerNorm(embed_dim)
+        self._build_common(embed_dim, num_heads, dropout, attention_dropout, activation_dropout,
+                           activation_fn, normalize_before)
         if no_encoder_attn:
             self.encoder_attn = None
             self.encoder_attn_layer_norm = None
