@@ -27,6 +27,9 @@ from fairseq_lightseq.ops import reference  # noqa: E402
 SHAPES = {
     "base": dict(tokens=4096, hidden=512, ffn=2048, heads=8, seq=128, vocab=32000),
     "big": dict(tokens=4096, hidden=1024, ffn=4096, heads=16, seq=128, vocab=32000),
+    # GPU bandwidth: the base/big tensors (4-32 MB) fit in an H200's 60 MB L2, so --shapes large gives
+    # Transformer-big layers over 64k tokens (128 MB and more per tensor).
+    "large": dict(tokens=65536, hidden=1024, ffn=4096, heads=16, seq=128, vocab=32000),
 }
 P = 0.1  # dropout probability used everywhere (fairseq's usual 0.1 attention/activation/residual)
 
@@ -36,8 +39,9 @@ def _sync(device):
         torch.cuda.synchronize()
 
 
-def timeit(fn, device, warmup=3, repeats=10):
-    """Median seconds of fn() after warm-up (CUDA events on GPU, perf_counter on CPU)."""
+def timeit(fn, device, warmup=3, repeats=10, inner=10):
+    """Median seconds of fn() after warm-up. CPU: perf_counter per call. CUDA: events around `inner`
+    back-to-back calls (so host launch gaps between repeats do not count), divided by `inner`."""
     for _ in range(warmup):
         fn()
     _sync(device)
@@ -46,10 +50,11 @@ def timeit(fn, device, warmup=3, repeats=10):
         if device == "cuda":
             a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             a.record()
-            fn()
+            for _ in range(inner):
+                fn()
             b.record()
             b.synchronize()
-            times.append(a.elapsed_time(b) / 1e3)
+            times.append(a.elapsed_time(b) / 1e3 / inner)
         else:
             t = time.perf_counter()
             fn()

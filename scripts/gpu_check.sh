@@ -1,49 +1,81 @@
 #!/usr/bin/env bash
 # The one GPU check (../shared/GPU.md): builds the CUDA extension for sm_90, runs the CUDA tests and
-# the benchmarks, and leaves everything under OUT_DIR (JSON, logs and report.md).
-#   usage: scripts/gpu_check.sh OUT_DIR        (about 8 minutes on an H200)
+# the benchmarks, and leaves a few files in OUT_DIR:
+#   report.md     each step's exit code and time, the test summary and every benchmark table
+#   logs.tgz      every log in full (build, pytest with tracebacks, junit xml, benchmark output)
+#   *.json        the benchmark results
+#   usage: scripts/gpu_check.sh OUT_DIR        (6-8 minutes on an H200; every step has a time limit)
+# The report is rewritten after every step, so a run cut short still leaves what it got.
 # Expects fairseq & co as cp312 wheels in .whl/ (see GPU.md) when fairseq is not installed.
 set -uo pipefail
-OUT_DIR=${1:?usage: scripts/gpu_check.sh OUT_DIR}
-mkdir -p "$OUT_DIR"
+OUT_DIR=$(mkdir -p "${1:?usage: scripts/gpu_check.sh OUT_DIR}" && cd "$1" && pwd)
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 export PYTHONUNBUFFERED=1
-log() { echo "== $(date +%T) $*" | tee -a "$OUT_DIR/steps.log"; }
+LOGS=$(mktemp -d)
+T0=$SECONDS
 
-log "1. machine"
-{ nvidia-smi; $PY -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name())"; nvcc --version | tail -2; } 2>&1 | tee "$OUT_DIR/machine.txt"
+report() {
+  {
+    echo "# GPU check $(date -u +%F)"
+    echo
+    echo '```'
+    cat "$LOGS/steps.txt"
+    echo '```'
+    for f in machine info tests_cuda bench_ops_fp16 bench_ops_bf16 benchmark_big bench_criterion bench_optimizer; do
+      [ -s "$LOGS/$f.txt" ] || continue
+      echo; echo "## $f"; echo '```'
+      case $f in
+        tests_cuda) grep -E "^(FAILED|ERROR)|passed|failed|error" "$LOGS/$f.txt" | tail -60 ;;
+        *) tail -60 "$LOGS/$f.txt" ;;
+      esac
+      echo '```'
+    done
+  } > "$OUT_DIR/report.md"
+  tar czf "$OUT_DIR/logs.tgz" -C "$LOGS" .
+}
 
-if ! $PY -c "import fairseq" 2>/dev/null && ls .whl/*.whl >/dev/null 2>&1; then
-  log "installing fairseq wheels from .whl/"
-  $PY -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
+# step NAME LIMIT_S CMD...: runs CMD with a time limit, output to $LOGS/NAME.txt; never stops the script.
+step() {
+  local name=$1 limit=$2 t=$SECONDS rc
+  shift 2
+  echo "== $(date +%T) $name (limit ${limit}s)"
+  timeout -k 10 "$limit" "$@" > "$LOGS/$name.txt" 2>&1
+  rc=$?
+  printf '%-18s rc=%-3s %4ss  (at %ss)\n' "$name" "$rc" $((SECONDS - t)) $((SECONDS - T0)) | tee -a "$LOGS/steps.txt"
+  report
+  return $rc
+}
+
+machine() {
+  nvidia-smi
+  $PY -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name())"
+  nvcc --version | tail -2
+  nproc
+}
+step machine 60 machine
+
+if ! $PY -c "import fairseq" 2>/dev/null && ls .whl/*.whl > /dev/null 2>&1; then
+  step wheels 120 $PY -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
   export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
 fi
 
-log "2. build for sm_90"
 rm -rf build fairseq_lightseq/_C*.so
-if ! TORCH_CUDA_ARCH_LIST=9.0 FLS_CUDA=1 MAX_JOBS=16 $PY setup.py -q build_ext --inplace > "$OUT_DIR/build.log" 2>&1; then
-  tail -50 "$OUT_DIR/build.log"; log "BUILD FAILED"; exit 1
+if ! step build 300 env TORCH_CUDA_ARCH_LIST=9.0 FLS_CUDA=1 MAX_JOBS=$(nproc) $PY setup.py build_ext --inplace; then
+  tail -40 "$LOGS/build.txt"
+  exit 1
 fi
-$PY -m fairseq_lightseq.info 2>&1 | tee "$OUT_DIR/info.txt"
+step info 60 $PY -m fairseq_lightseq.info
 
-log "3. tests (CUDA ones and the rest)"
-timeout 240 $PY -m pytest -q -x -m cuda tests --junitxml="$OUT_DIR/tests_cuda.xml" 2>&1 | tail -30 | tee "$OUT_DIR/tests_cuda.txt"
-timeout 180 $PY -m pytest -q -m "not cuda and not e2e" tests 2>&1 | tail -5 | tee "$OUT_DIR/tests_cpu.txt"
+# The CUDA tests, spread over 8 workers where pytest-xdist is there; 90 s per test at most.
+par=""
+$PY -c "import xdist" 2> /dev/null && par="-n 8"
+$PY -c "import pytest_timeout" 2> /dev/null && par="$par --timeout 90"
+step tests_cuda 240 $PY -m pytest -q -m cuda $par -rfE -p no:cacheprovider tests --junitxml="$LOGS/tests_cuda.xml"
 
-log "4. benchmarks"
-for dt in fp16 bf16; do
-  timeout 120 $PY scripts/bench_ops.py --device cuda --dtype $dt --json "$OUT_DIR/bench_ops_$dt.json" 2>&1 | tee "$OUT_DIR/bench_ops_$dt.txt"
-done
-for s in bench_criterion bench_optimizer benchmark; do
-  [ -f scripts/$s.py ] && timeout 150 $PY scripts/$s.py --device cuda 2>&1 | tail -40 | tee "$OUT_DIR/$s.txt"
-done
-
-log "5. report"
-{
-  echo "# GPU check $(date -u +%F) on $($PY -c 'import torch; print(torch.cuda.get_device_name())')"
-  for f in info tests_cuda tests_cpu bench_ops_fp16 bench_ops_bf16 bench_criterion bench_optimizer benchmark; do
-    [ -f "$OUT_DIR/$f.txt" ] && { echo; echo "## $f"; echo '```'; cat "$OUT_DIR/$f.txt"; echo '```'; }
-  done
-} > "$OUT_DIR/report.md"
-log "done: $OUT_DIR/report.md"
+step bench_ops_fp16 90 $PY scripts/bench_ops.py --device cuda --dtype fp16 --shapes base,big,large --json "$OUT_DIR/bench_ops_fp16.json"
+step bench_ops_bf16 90 $PY scripts/bench_ops.py --device cuda --dtype bf16 --shapes base,big,large --json "$OUT_DIR/bench_ops_bf16.json"
+step benchmark_big 150 $PY scripts/benchmark.py --device cuda --ls-stack --warmup 2 --steps 6 --repeats 3 --json "$OUT_DIR/benchmark_big.json"
+step bench_criterion 60 $PY scripts/bench_criterion.py --device cuda
+step bench_optimizer 60 $PY scripts/bench_optimizer.py --device cuda
+echo "done in $((SECONDS - T0)) s: $OUT_DIR/report.md"
