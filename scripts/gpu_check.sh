@@ -47,13 +47,8 @@ step() {
   return $rc
 }
 
-machine() {
-  nvidia-smi
-  $PY -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name())"
-  nvcc --version | tail -2
-  nproc
-}
-step machine 60 machine
+step machine 60 bash -c "nvidia-smi; nproc; nvcc --version | tail -2; $PY -c \"import torch; \
+print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name())\""
 
 if ! $PY -c "import fairseq" 2>/dev/null && ls .whl/*.whl > /dev/null 2>&1; then
   step wheels 120 $PY -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
