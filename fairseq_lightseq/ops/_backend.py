@@ -3,6 +3,7 @@
 `import fairseq_lightseq` never fails because the library is missing or lacks CUDA: the ops fall
 back to the reference implementations and say so once (a warning naming the reason).
 """
+import functools
 import warnings
 
 import torch
@@ -70,3 +71,17 @@ def register_fake(op: str):
 def next_seed() -> int:
     """A dropout seed drawn from torch's default generator: torch.manual_seed makes runs reproducible."""
     return int(torch.randint(-(2**63), 2**63 - 1, (), dtype=torch.int64))
+
+
+def autocast_on(t: torch.Tensor) -> bool:
+    """Whether autocast (fairseq's --amp) is on for t's device. Only then do the ops accept mixed
+    dtypes: a linear's output is fp16/bf16 there while biases, norm weights and the residual stream
+    stay fp32. Outside autocast a dtype mismatch stays an error, as in PyTorch."""
+    return torch.is_autocast_enabled(t.device.type)
+
+
+def promote(*tensors: torch.Tensor):
+    """The tensors cast to their common dtype (torch.promote_types), as PyTorch's own binary ops would
+    do; the casts are differentiable."""
+    dt = functools.reduce(torch.promote_types, (t.dtype for t in tensors))
+    return tuple(t if t.dtype == dt else t.to(dt) for t in tensors)

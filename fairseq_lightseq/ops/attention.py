@@ -72,7 +72,10 @@ class MergeHeadsFunction(torch.autograd.Function):
 
 
 def qkv_bias_split(qkv: torch.Tensor, bias: torch.Tensor, num_heads: int):
-    """qkv: [T, B, 3E] + bias [3E] -> (q, k, v), each [B*heads, T, E/heads] contiguous."""
+    """qkv: [T, B, 3E] + bias [3E] -> (q, k, v), each [B*heads, T, E/heads] contiguous. Under autocast
+    the bias takes qkv's dtype, as the projection's own bias would."""
+    if _backend.autocast_on(qkv):
+        bias = bias.to(qkv.dtype)
     if _backend.use_kernel("qkv_bias_split", qkv.device.type):
         return QkvBiasSplitFunction.apply(qkv, bias, num_heads)
     return reference.qkv_bias_split(qkv, bias, num_heads)

@@ -52,7 +52,11 @@ class BiasActDropoutFunction(torch.autograd.Function):
 def bias_dropout_residual(x: torch.Tensor, bias: torch.Tensor, residual: torch.Tensor, p: float,
                           training: bool = True) -> torch.Tensor:
     """residual + dropout(x + bias). x, residual: [..., C]; bias: [C]; one dtype (CPU fp32/fp64/bf16,
-    CUDA fp32/fp16/bf16). Returns [..., C] in x's dtype; math in fp32 (fp64)."""
+    CUDA fp32/fp16/bf16). Returns [..., C] in x's dtype; math in fp32 (fp64). Under autocast the bias
+    takes x's dtype (it is the bias of the linear that made x), then x and residual are promoted, so
+    an fp32 residual stream stays fp32 as with PyTorch's own `residual + dropout(x)`."""
+    if _backend.autocast_on(x):
+        x, bias, residual = _backend.promote(x, bias.to(x.dtype), residual)
     p, seed = _draw(p, training)
     if _backend.use_kernel("bias_dropout_residual_fwd", x.device.type):
         return BiasDropoutResidualFunction.apply(x, bias, residual, p, seed, 0)
@@ -62,7 +66,10 @@ def bias_dropout_residual(x: torch.Tensor, bias: torch.Tensor, residual: torch.T
 def bias_act_dropout(x: torch.Tensor, bias: torch.Tensor, p: float, act: str = "relu",
                      training: bool = True) -> torch.Tensor:
     """dropout(act(x + bias)), act in relu | gelu (erf) | gelu_tanh. x: [..., C]; bias: [C]; one dtype.
-    Returns [..., C] in x's dtype; math in fp32 (fp64)."""
+    Returns [..., C] in x's dtype; math in fp32 (fp64). Under autocast the bias takes x's dtype, as
+    the linear's own bias would."""
+    if _backend.autocast_on(x):
+        bias = bias.to(x.dtype)
     if act not in ACTIVATIONS:
         raise ValueError(f"bias_act_dropout: act must be one of {ACTIVATIONS}, got {act!r}")
     p, seed = _draw(p, training)

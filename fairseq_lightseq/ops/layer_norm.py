@@ -20,7 +20,11 @@ class LayerNormFunction(torch.autograd.Function):
 
 def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
     """Layer norm over the last dim. x: [..., C] fp32/fp64/bf16 (CPU) or fp32/fp16/bf16 (CUDA);
-    weight, bias: [C], same dtype. Default eps 1e-5 as fairseq. Returns [..., C], x's dtype."""
+    weight, bias: [C], same dtype. Default eps 1e-5 as fairseq. Returns [..., C], x's dtype.
+    Under autocast mixed dtypes are promoted, so fp32 weights give an fp32 result, as autocast runs
+    PyTorch's layer norm in fp32."""
+    if _backend.autocast_on(x):
+        x, weight, bias = _backend.promote(x, weight, bias)
     if _backend.use_kernel("layer_norm_fwd", x.device.type):
         return LayerNormFunction.apply(x, weight, bias, eps)
     return reference.layer_norm(x, weight, bias, eps)
