@@ -178,3 +178,42 @@ def test_traces_under_torch_compile_fake_tensors():
         m = f.dropout_mask(10, 0.1, 1, 0, torch.device("cpu"))
     assert y.shape == (3, 5, 64) and dx.shape == (3, 5, 64) and db.shape == (64,)
     assert m.shape == (10,) and m.dtype == torch.bool
+
+
+VECTOR_CASES = [pytest.param("cpu", torch.float32, (300, 64), id="cpu-float32-300x64")] + [
+    pytest.param("cuda", dt, shape, id=f"cuda-{str(dt)[6:]}-{shape[0]}x{shape[1]}", marks=pytest.mark.cuda)
+    for dt in (torch.float16, torch.bfloat16, torch.float32) for shape in [(300, 64), (4097, 1024), (16389, 256)]]
+
+
+@pytest.mark.parametrize("device,dtype,shape", VECTOR_CASES)
+@pytest.mark.parametrize("offset", [0, 4, 1 << 33, 2])
+def test_vector_paths_match_reference(device, dtype, shape, offset):
+    """The CUDA fast paths (16-byte vectors, one Philox call per 4 elements, multi-chunk column sums,
+    the 16-rows-per-thread backward from 16384 rows) and their fallbacks: an offset that is not a
+    multiple of 4 and an unaligned (sliced) input take the general kernels; all agree with the spec.
+    The CPU case checks the test itself where CI can run it."""
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    f = torch.ops.fairseq_lightseq
+    rows, cols = shape
+    x, b, r, dy = (randn(*s, dtype=dtype, device=device, seed=k) for k, s in enumerate([shape, (cols,), shape, shape]))
+    xs = randn(rows * cols + 1, dtype=dtype, device=device, seed=9)[1:].view(shape)  # one element off alignment
+    for xin in (x, xs):
+        assert_close(f.bias_dropout_residual_fwd(xin, b, r, 0.3, SEED, offset),
+                     reference.bias_dropout_residual(xin, b, r, 0.3, SEED, offset))
+        for act in ("relu", "gelu"):
+            assert_close(f.bias_act_dropout_fwd(xin, b, 0.3, act, SEED, offset),
+                         reference.bias_act_dropout(xin, b, 0.3, act, SEED, offset))
+            xr, br = xin.detach().double().requires_grad_(), b.detach().double().requires_grad_()
+            reference.bias_act_dropout(xr, br, 0.3, act, SEED, offset).backward(dy.double())
+            dx, db = f.bias_act_dropout_bwd(dy, xin, b, 0.3, act, SEED, offset)
+            assert_close(dx, xr.grad)
+            assert_close(db, br.grad, scale=4 * rows ** 0.5)
+            dx2, db2 = f.bias_act_dropout_bwd(dy, xin, b, 0.3, act, SEED, offset)
+            assert torch.equal(dx, dx2) and torch.equal(db, db2)  # run to run
+        dx, db = f.bias_dropout_residual_bwd(dy, 0.3, SEED, offset)
+        keep = reference.keep_mask(x.numel(), 0.3, SEED, offset, device=device).view(shape)
+        assert_close(dx, dy.double() * keep / 0.7)
+        assert_close(db, (dy.double() * keep / 0.7).sum(0), scale=4 * rows ** 0.5)
+    mask = f.dropout_mask(rows * cols, 0.3, SEED, offset, torch.device(device))
+    assert torch.equal(mask.cpu(), f.dropout_mask(rows * cols, 0.3, SEED, offset, torch.device("cpu")))
