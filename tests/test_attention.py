@@ -42,6 +42,10 @@ SOFTMAX_CASES = [
     (2, 2, 7, 12, "right", True),  # causal with Tq < Tk (incremental decoding)
     (2, 1, 5, 3, "none", True),  # Tq > Tk: the first rows see no key -> zeros
     (3, 2, 4, 33, "allpad", False),
+    # key lengths that take the CUDA register-row path (Tk <= 1024, a multiple of 8)
+    (2, 2, 3, 64, "right", True),
+    (2, 4, 5, 128, "left", False),
+    (1, 2, 3, 1024, "allpad", False),
 ]
 
 
@@ -114,8 +118,11 @@ def test_long_row_64k_keys(device):
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
 @pytest.mark.parametrize("offset", [0, 3, 4 * 2**20 + 1])
-def test_dropout_mask_equals_reference_bit_for_bit(device, offset):
-    B, H, Tq, Tk, p = 2, 3, 4, 37, 0.3  # 37: rows start at every lane of a Philox group
+@pytest.mark.parametrize("Tk", [37, 64])
+def test_dropout_mask_equals_reference_bit_for_bit(device, offset, Tk):
+    # 37: rows start at every lane of a Philox group; 64 (CUDA vector path): every row starts at the
+    # same lane, a group boundary or not depending on the offset
+    B, H, Tq, p = 2, 3, 4, 0.3
     s = randn(B, H, Tq, Tk, device=device, seed=8)
     out = SM(s, None, False, 1.0, p, 987654321, offset)
     keep = keep_mask(out.numel(), p, 987654321, offset, device=device).view(out.shape)
@@ -171,7 +178,8 @@ def test_gradcheck_float64(p, causal, kind, shape):
 # ---- qkv bias + split, merge ----
 
 # (T, B, heads, head_dim)
-SPLIT_SHAPES = [(1, 1, 1, 8), (5, 3, 4, 7), (7, 2, 8, 64), (3, 2, 2, 200), (1, 4, 3, 5)]
+SPLIT_SHAPES = [(1, 1, 1, 8), (5, 3, 4, 7), (7, 2, 8, 64), (3, 2, 2, 200), (1, 4, 3, 5),
+                (64, 9, 4, 16)]  # 576 rows: several chunks in the CUDA column sums
 
 
 @pytest.mark.parametrize("device,dtype", DEVICE_DTYPES)
@@ -250,9 +258,10 @@ def test_dbias_is_deterministic_across_thread_counts():
 # ---- kernels on CUDA agree with the CPU kernels (same Philox stream) ----
 
 @pytest.mark.cuda
-def test_cuda_dropout_mask_equals_cpu():
-    s = randn(2, 3, 5, 129, seed=1)
-    m = _pad_mask("left", 2, 129, "cpu")
+@pytest.mark.parametrize("Tk", [129, 64])
+def test_cuda_dropout_mask_equals_cpu(Tk):
+    s = randn(2, 3, 5, Tk, seed=1)
+    m = _pad_mask("left", 2, Tk, "cpu")
     a = SM(s, m, True, 0.5, 0.2, 31337, 7)
     b = SM(s.cuda(), m.cuda(), True, 0.5, 0.2, 31337, 7).cpu()
     assert torch.equal(a != 0, b != 0)
