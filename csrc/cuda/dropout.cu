@@ -1,9 +1,20 @@
 // Bias + activation + dropout (+ residual) and the raw Philox keep mask on CUDA.
-// Forward and mask: one thread per Philox group of 4 stream elements (one generator call per 4
-// elements), grid-stride over any size and any offset alignment. Backward: grid (column tiles, row
-// chunks); each thread walks one column of one chunk, writes dx and its partial column sum, then a
-// second kernel sums the chunks in order, so dbias is deterministic (as in layer_norm.cu). The mask is
-// regenerated from (seed, offset), never stored.
+//
+// Fast paths (the usual case: stream offset % 4 == 0 or no dropout, row length a multiple of the
+// 16-byte vector width V = 16 / sizeof(T), every pointer 16-byte aligned):
+//  - forward: 2D grid, blockIdx.x/threadIdx.x pick one V-wide column vector (bias loaded once per
+//    thread), blockIdx.y/threadIdx.y walk the rows. 16-byte loads/stores and one Philox call per 4
+//    elements: with offset % 4 == 0 and cols % 4 == 0, 4 consecutive elements of a row are exactly
+//    one Philox group. No per-element division or modulo.
+//  - backward: each thread owns one column vector (V columns) and walks R rows of a block chunk of
+//    by * R rows (a warp reads contiguous bytes of a row), writes dx and keeps V column partial sums in
+//    registers; the block adds its by threads' sums per column in a fixed order (shared memory) and
+//    writes one partial row per chunk. A second kernel sums the chunks in a fixed order, so dbias is
+//    deterministic: the chunking depends on the shape only.
+// General kernels (any offset alignment, any cols, unaligned pointers): forward and mask use one thread
+// per Philox group of 4 stream elements, grid-stride over any size; backward walks one column of a
+// 64-row chunk per thread (one Philox call per element). The mask is regenerated from (seed, offset),
+// never stored.
 #include "dropout.h"
 #include "dtype.cuh"
 #include "fls/philox.h"
@@ -14,8 +25,19 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int kColThreads = 256;
-constexpr int kRowsPerChunk = 64;
-constexpr int64_t kMaxChunkBlocks = 65535;
+constexpr int kRowsPerChunk = 64;  // general backward: rows per chunk; also sizes the workspace
+constexpr int64_t kMaxGridY = 65535;
+// Fast backward: a block chunk is by * R rows with by = kThreads / bx >= kThreads / kMaxVecCols = 8 and
+// R >= 8, so it is never smaller than kRowsPerChunk and the general workspace size covers it.
+constexpr int kMaxVecCols = 32;
+constexpr int kFinalCols = 32, kFinalRows = 16;  // block of the chunk-sum kernel
+
+// 16 bytes of T: one vector load/store (V = 8 halves or 4 floats).
+template <typename T>
+struct alignas(16) Vec {
+  static constexpr int kN = 16 / sizeof(T);
+  T v[kN];
+};
 
 // The Philox groups covering stream elements offset .. offset+n-1: the first, and how many.
 __device__ __forceinline__ uint64_t first_group(const DropoutParams& d) { return d.offset >> 2; }
@@ -23,6 +45,19 @@ __device__ __forceinline__ uint64_t num_groups(int64_t n, const DropoutParams& d
   return ((d.offset + static_cast<uint64_t>(n) + 3) >> 2) - (d.offset >> 2);
 }
 
+// Keep bits of the N elements e .. e+N-1 (bit j = element e+j) when (d.offset + e) % 4 == 0 and
+// N % 4 == 0: N/4 whole Philox groups. All ones when dropout is off (the RNG is skipped).
+template <int N>
+__device__ __forceinline__ uint32_t keep_bits_aligned(int64_t e, const DropoutParams& d) {
+  if (d.threshold == 0) return (1u << N) - 1u;
+  const uint64_t g = (d.offset >> 2) + (static_cast<uint64_t>(e) >> 2);
+  uint32_t bits = 0;
+#pragma unroll
+  for (int q = 0; q < N / 4; ++q) bits |= dropout_keep4(g + q, d) << (4 * q);
+  return bits;
+}
+
+// --- mask ---
 __global__ void mask_kernel(bool* __restrict__ keep, int64_t n, DropoutParams d) {
   const uint64_t g0 = first_group(d), groups = num_groups(n, d);
   for (uint64_t i = static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < groups;
@@ -36,7 +71,25 @@ __global__ void mask_kernel(bool* __restrict__ keep, int64_t n, DropoutParams d)
   }
 }
 
-// y[e] = residual[e] (if RESID) + act(x[e] + bias[e % cols]) * factor(e).
+// offset % 4 == 0 and keep 4-byte aligned: group i covers keep[4i .. 4i+3], written as one 32-bit
+// store (bools are bytes 0/1, little endian: byte k = bit k).
+__global__ void mask_aligned_kernel(bool* __restrict__ keep, int64_t n, DropoutParams d) {
+  const uint64_t g0 = d.offset >> 2, groups = (static_cast<uint64_t>(n) + 3) >> 2;
+  for (uint64_t i = static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < groups;
+       i += static_cast<uint64_t>(gridDim.x) * blockDim.x) {
+    const uint32_t bits = dropout_keep4(g0 + i, d);
+    const int64_t e = static_cast<int64_t>(i * 4);
+    if (e + 4 <= n) {
+      const uint32_t bytes = (bits & 1u) | ((bits >> 1) & 1u) << 8 | ((bits >> 2) & 1u) << 16 | ((bits >> 3) & 1u) << 24;
+      *reinterpret_cast<uint32_t*>(keep + e) = bytes;
+    } else {
+      for (int k = 0; e + k < n; ++k) keep[e + k] = (bits >> k) & 1u;
+    }
+  }
+}
+
+// --- forward ---
+// y[e] = residual[e] (if RESID) + act(x[e] + bias[e % cols]) * factor(e). General layout.
 template <typename T, Act ACT, bool RESID>
 __global__ void fwd_kernel(const T* __restrict__ x, const T* __restrict__ bias, const T* __restrict__ residual,
                            T* __restrict__ y, int64_t n, int64_t cols, DropoutParams d) {
@@ -58,7 +111,41 @@ __global__ void fwd_kernel(const T* __restrict__ x, const T* __restrict__ bias, 
   }
 }
 
-// partial[chunk, c] = sum over the chunk's rows of dx[r, c] (in fp32); dx written on the way.
+// Fast forward: thread (blockIdx.x * blockDim.x + threadIdx.x) owns column vector vc (columns
+// vc*V .. vc*V+V-1) and rows blockIdx.y * blockDim.y + threadIdx.y, stepping by gridDim.y * blockDim.y.
+// Same arithmetic per element as fwd_kernel, so the results are bitwise identical.
+template <typename T, Act ACT, bool RESID>
+__global__ void fwd_vec_kernel(const T* __restrict__ x, const T* __restrict__ bias, const T* __restrict__ residual,
+                               T* __restrict__ y, int64_t rows, int64_t cols, int vec_cols, DropoutParams d) {
+  constexpr int V = Vec<T>::kN;
+  const int vc = blockIdx.x * blockDim.x + threadIdx.x;
+  if (vc >= vec_cols) return;
+  const float scale = d.threshold != 0 ? d.scale : 1.0f;
+  const Vec<T> bv = *reinterpret_cast<const Vec<T>*>(bias + static_cast<int64_t>(vc) * V);
+  float b[V];
+#pragma unroll
+  for (int j = 0; j < V; ++j) b[j] = to_float(bv.v[j]);
+  const int64_t row_step = static_cast<int64_t>(gridDim.y) * blockDim.y;
+  for (int64_t r = static_cast<int64_t>(blockIdx.y) * blockDim.y + threadIdx.y; r < rows; r += row_step) {
+    const int64_t e = r * cols + static_cast<int64_t>(vc) * V;
+    const Vec<T> xv = *reinterpret_cast<const Vec<T>*>(x + e);
+    Vec<T> rv;
+    if (RESID) rv = *reinterpret_cast<const Vec<T>*>(residual + e);
+    const uint32_t bits = keep_bits_aligned<V>(e, d);
+    Vec<T> yv;
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      const float f = ((bits >> j) & 1u) ? scale : 0.0f;
+      float h = act_fwd<ACT, float>(to_float(xv.v[j]) + b[j]) * f;
+      if (RESID) h = to_float(rv.v[j]) + h;
+      yv.v[j] = from_float<T>(h);
+    }
+    *reinterpret_cast<Vec<T>*>(y + e) = yv;
+  }
+}
+
+// --- backward ---
+// partial[chunk, c] = sum over the chunk's rows of dx[r, c] (in fp32); dx written on the way. General layout.
 template <typename T, Act ACT>
 __global__ void bwd_partial_kernel(const T* __restrict__ dy, const T* __restrict__ x, const T* __restrict__ bias,
                                    T* __restrict__ dx, float* __restrict__ partial, int64_t rows, int64_t cols,
@@ -72,8 +159,7 @@ __global__ void bwd_partial_kernel(const T* __restrict__ dy, const T* __restrict
     float s = 0.0f;
     for (int64_t r = r0; r < r1; ++r) {
       const int64_t e = r * cols + c;
-      // One Philox call per element here (a column's elements lie in different groups); the
-      // coalesced column layout is what makes dbias cheap and deterministic.
+      // One Philox call per element here (a column's elements lie in different groups).
       float g = to_float(dy[e]) * dropout_factor(static_cast<uint64_t>(e), d);
       if (ACT != Act::kIdentity) g *= act_grad<ACT, float>(to_float(x[e]) + b);
       dx[e] = from_float<T>(g);
@@ -83,21 +169,138 @@ __global__ void bwd_partial_kernel(const T* __restrict__ dy, const T* __restrict
   }
 }
 
+// Fast backward. Block (bx, by), bx * by == kThreads. Chunk k (blockIdx.y, grid-stride) holds rows
+// k*by*R .. k*by*R + by*R - 1; thread (tx, ty) takes rows k*by*R + i*by + ty, i < R (so the block's
+// warps read consecutive rows together), for column vector vc = blockIdx.x * bx + tx. The by partial
+// sums of a column are then added in the order ty = 0 .. by-1: the chunk sum depends on the shape only.
+template <typename T, Act ACT>
+__global__ void __launch_bounds__(kThreads) bwd_vec_kernel(const T* __restrict__ dy, const T* __restrict__ x,
+                                                           const T* __restrict__ bias, T* __restrict__ dx,
+                                                           float* __restrict__ partial, int64_t rows, int64_t cols,
+                                                           int vec_cols, int rows_per_thread, int64_t chunks,
+                                                           DropoutParams d) {
+  constexpr int V = Vec<T>::kN;
+  __shared__ __align__(16) float red[kThreads * V];  // [ty][tx * V + j]
+  const int bx = blockDim.x, by = blockDim.y, tx = threadIdx.x, ty = threadIdx.y;
+  const int vc = blockIdx.x * bx + tx;
+  const bool active = vc < vec_cols;
+  const float scale = d.threshold != 0 ? d.scale : 1.0f;
+  float b[V];
+#pragma unroll
+  for (int j = 0; j < V; ++j) b[j] = 0.0f;
+  if (ACT != Act::kIdentity && active) {
+    const Vec<T> bv = *reinterpret_cast<const Vec<T>*>(bias + static_cast<int64_t>(vc) * V);
+#pragma unroll
+    for (int j = 0; j < V; ++j) b[j] = to_float(bv.v[j]);
+  }
+  const int64_t chunk_rows = static_cast<int64_t>(by) * rows_per_thread;
+  for (int64_t chunk = blockIdx.y; chunk < chunks; chunk += gridDim.y) {
+    float s[V];
+#pragma unroll
+    for (int j = 0; j < V; ++j) s[j] = 0.0f;
+    if (active) {
+      const int64_t r0 = chunk * chunk_rows + ty;  // this thread's first row
+      // Rows r0 + i*by < rows for i < n_i (one division per chunk, not per element).
+      const int64_t left = rows - r0;
+      int n_i = left <= 0 ? 0 : static_cast<int>((left + by - 1) / by < rows_per_thread ? (left + by - 1) / by
+                                                                                          : rows_per_thread);
+#pragma unroll 4
+      for (int i = 0; i < n_i; ++i) {
+        const int64_t e = (r0 + static_cast<int64_t>(i) * by) * cols + static_cast<int64_t>(vc) * V;
+        const Vec<T> gv = *reinterpret_cast<const Vec<T>*>(dy + e);
+        Vec<T> xv;
+        if (ACT != Act::kIdentity) xv = *reinterpret_cast<const Vec<T>*>(x + e);
+        const uint32_t bits = keep_bits_aligned<V>(e, d);
+        Vec<T> ov;
+#pragma unroll
+        for (int j = 0; j < V; ++j) {
+          // Same arithmetic as bwd_partial_kernel: dy * factor * act'(x + b).
+          float g = to_float(gv.v[j]) * (((bits >> j) & 1u) ? scale : 0.0f);
+          if (ACT != Act::kIdentity) g *= act_grad<ACT, float>(to_float(xv.v[j]) + b[j]);
+          ov.v[j] = from_float<T>(g);
+          s[j] += g;
+        }
+        *reinterpret_cast<Vec<T>*>(dx + e) = ov;
+      }
+    }
+    // float4 stores (V is 4 or 8, so the thread's slot is 16-byte aligned): fewer bank conflicts.
+    float4* slot = reinterpret_cast<float4*>(red + (ty * bx + tx) * V);
+#pragma unroll
+    for (int q = 0; q < V / 4; ++q) slot[q] = make_float4(s[4 * q], s[4 * q + 1], s[4 * q + 2], s[4 * q + 3]);
+    __syncthreads();
+    // Block column i (global column blockIdx.x*bx*V + i) = sum over ty of red[ty*bx*V + i], in order.
+    const int width = bx * V;
+    for (int i = ty * bx + tx; i < width; i += kThreads) {
+      const int64_t c = static_cast<int64_t>(blockIdx.x) * width + i;
+      if (c < cols) {
+        float t = 0.0f;
+        for (int k = 0; k < by; ++k) t += red[k * width + i];
+        partial[chunk * cols + c] = t;
+      }
+    }
+    __syncthreads();  // red is rewritten by the next chunk
+  }
+}
+
+// dbias[c] = sum over chunks of partial[k, c]: thread (tx, ty) adds chunks ty, ty + kFinalRows, ...
+// in order, then thread ty == 0 adds the kFinalRows sums in order (fixed order, no atomics).
 template <typename T>
-__global__ void bwd_final_kernel(const float* __restrict__ partial, T* __restrict__ dbias, int64_t chunks,
-                                 int64_t cols) {
-  const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (c >= cols) return;
+__global__ void __launch_bounds__(kFinalCols* kFinalRows)
+    bwd_final_kernel(const float* __restrict__ partial, T* __restrict__ dbias, int64_t chunks, int64_t cols) {
+  __shared__ float red[kFinalRows][kFinalCols];
+  const int tx = threadIdx.x, ty = threadIdx.y;
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * kFinalCols + tx;
   float s = 0.0f;
-  for (int64_t k = 0; k < chunks; ++k) s += partial[k * cols + c];
-  dbias[c] = from_float<T>(s);
+  if (c < cols) {
+#pragma unroll 4
+    for (int64_t k = ty; k < chunks; k += kFinalRows) s += partial[k * cols + c];
+  }
+  red[ty][tx] = s;
+  __syncthreads();
+  if (ty == 0 && c < cols) {
+    float t = 0.0f;
+#pragma unroll
+    for (int k = 0; k < kFinalRows; ++k) t += red[k][tx];
+    dbias[c] = from_float<T>(t);
+  }
+}
+
+// --- launchers ---
+bool aligned16(const void* p) { return p == nullptr || reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// The fast (vector) kernels apply: 4 consecutive row elements form one Philox group, rows are whole
+// vectors, and every pointer allows 16-byte accesses.
+template <typename T>
+bool use_vec_path(int64_t cols, const DropoutParams& d, const void* a, const void* b, const void* c,
+                  const void* e) {
+  constexpr int V = Vec<T>::kN;
+  return (d.threshold == 0 || d.offset % 4 == 0) && cols % V == 0 && cols / V <= (int64_t{1} << 30) &&
+         aligned16(a) && aligned16(b) && aligned16(c) && aligned16(e);
+}
+
+// Threads of a block along the column vectors: up to kMaxVecCols, a power of two (kThreads / bx rows).
+int vec_block_x(int64_t vec_cols) {
+  int bx = 1;
+  while (bx < kMaxVecCols && bx < vec_cols) bx *= 2;
+  return bx;
 }
 
 int64_t num_chunks(int64_t rows) { return (rows + kRowsPerChunk - 1) / kRowsPerChunk; }
 
 template <typename T, Act ACT, bool RESID>
-void launch_fwd(const void* x, const void* bias, const void* residual, void* y, int64_t n, int64_t cols,
+void launch_fwd(const void* x, const void* bias, const void* residual, void* y, int64_t rows, int64_t cols,
                 const DropoutParams& d, cudaStream_t s) {
+  const int64_t n = rows * cols;
+  if (use_vec_path<T>(cols, d, x, bias, residual, y)) {
+    const int vec_cols = static_cast<int>(cols / Vec<T>::kN);
+    const int bx = vec_block_x(vec_cols), by = kThreads / bx;
+    const int64_t gy = (rows + by - 1) / by;
+    const dim3 grid(static_cast<unsigned>((vec_cols + bx - 1) / bx), static_cast<unsigned>(gy < kMaxGridY ? gy : kMaxGridY));
+    fwd_vec_kernel<T, ACT, RESID><<<grid, dim3(bx, by), 0, s>>>(
+        static_cast<const T*>(x), static_cast<const T*>(bias), static_cast<const T*>(residual), static_cast<T*>(y),
+        rows, cols, vec_cols, d);
+    return;
+  }
   const int64_t groups = n / 4 + 2;  // an unaligned offset can spread n elements over n/4 + 2 groups
   fwd_kernel<T, ACT, RESID><<<grid_1d(groups, kThreads), kThreads, 0, s>>>(
       static_cast<const T*>(x), static_cast<const T*>(bias), static_cast<const T*>(residual), static_cast<T*>(y),
@@ -107,44 +310,69 @@ void launch_fwd(const void* x, const void* bias, const void* residual, void* y, 
 template <typename T, Act ACT>
 void launch_bwd(const void* dy, const void* x, const void* bias, void* dx, void* dbias, float* ws, int64_t rows,
                 int64_t cols, const DropoutParams& d, cudaStream_t s) {
-  const int64_t chunks = num_chunks(rows);
-  const unsigned col_tiles = static_cast<unsigned>((cols + kColThreads - 1) / kColThreads);
-  if (rows > 0) {
-    const unsigned gy = static_cast<unsigned>(chunks < kMaxChunkBlocks ? chunks : kMaxChunkBlocks);
-    bwd_partial_kernel<T, ACT><<<dim3(col_tiles, gy), kColThreads, 0, s>>>(
-        static_cast<const T*>(dy), static_cast<const T*>(x), static_cast<const T*>(bias), static_cast<T*>(dx), ws,
-        rows, cols, chunks, d);
+  const bool ident = ACT == Act::kIdentity;
+  int64_t chunks = 0;
+  if (use_vec_path<T>(cols, d, dy, ident ? nullptr : x, ident ? nullptr : bias, dx)) {
+    const int vec_cols = static_cast<int>(cols / Vec<T>::kN);
+    const int bx = vec_block_x(vec_cols), by = kThreads / bx;
+    // Rows per thread from the shape only: 8 keeps enough blocks at ~4k rows, 16 halves the partial
+    // buffer (rows / (16 * by) chunks) at large row counts.
+    const int rpt = rows >= 16384 ? 16 : 8;
+    const int64_t chunk_rows = static_cast<int64_t>(by) * rpt;  // >= kRowsPerChunk: fits the workspace
+    chunks = (rows + chunk_rows - 1) / chunk_rows;
+    if (chunks > 0) {
+      const dim3 grid(static_cast<unsigned>((vec_cols + bx - 1) / bx),
+                      static_cast<unsigned>(chunks < kMaxGridY ? chunks : kMaxGridY));
+      bwd_vec_kernel<T, ACT><<<grid, dim3(bx, by), 0, s>>>(
+          static_cast<const T*>(dy), static_cast<const T*>(x), static_cast<const T*>(bias), static_cast<T*>(dx), ws,
+          rows, cols, vec_cols, rpt, chunks, d);
+    }
+  } else {
+    chunks = num_chunks(rows);
+    const unsigned col_tiles = static_cast<unsigned>((cols + kColThreads - 1) / kColThreads);
+    if (chunks > 0) {
+      const unsigned gy = static_cast<unsigned>(chunks < kMaxGridY ? chunks : kMaxGridY);
+      bwd_partial_kernel<T, ACT><<<dim3(col_tiles, gy), kColThreads, 0, s>>>(
+          static_cast<const T*>(dy), static_cast<const T*>(x), static_cast<const T*>(bias), static_cast<T*>(dx), ws,
+          rows, cols, chunks, d);
+    }
   }
-  bwd_final_kernel<T><<<col_tiles, kColThreads, 0, s>>>(ws, static_cast<T*>(dbias), chunks, cols);
+  bwd_final_kernel<T><<<static_cast<unsigned>((cols + kFinalCols - 1) / kFinalCols), dim3(kFinalCols, kFinalRows), 0,
+                        s>>>(ws, static_cast<T*>(dbias), chunks, cols);
 }
 
 }  // namespace
 
 int dropout_mask(bool* keep, int64_t n, const DropoutParams& d, void* stream) {
   if (n == 0) return 0;
-  mask_kernel<<<grid_1d(n / 4 + 2, kThreads), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(keep, n, d);
+  auto s = static_cast<cudaStream_t>(stream);
+  if (d.offset % 4 == 0 && reinterpret_cast<uintptr_t>(keep) % 4 == 0) {
+    mask_aligned_kernel<<<grid_1d(n / 4 + 1, kThreads), kThreads, 0, s>>>(keep, n, d);
+  } else {
+    mask_kernel<<<grid_1d(n / 4 + 2, kThreads), kThreads, 0, s>>>(keep, n, d);
+  }
   FLS_CUDA_RETURN_LAST_ERROR();
 }
 
 int bias_act_dropout_fwd(DType dt, const void* x, const void* bias, const void* residual, void* y, int64_t rows,
                          int64_t cols, Act act, const DropoutParams& d, void* stream) {
-  const int64_t n = rows * cols;
-  if (n == 0) return 0;
+  if (rows * cols == 0) return 0;
   auto s = static_cast<cudaStream_t>(stream);
   FLS_CUDA_DISPATCH(
       dt, if (residual != nullptr) {
-        launch_fwd<scalar_t, Act::kIdentity, true>(x, bias, residual, y, n, cols, d, s);
+        launch_fwd<scalar_t, Act::kIdentity, true>(x, bias, residual, y, rows, cols, d, s);
       } else {
         switch (act) {
-          case Act::kIdentity: launch_fwd<scalar_t, Act::kIdentity, false>(x, bias, nullptr, y, n, cols, d, s); break;
-          case Act::kRelu: launch_fwd<scalar_t, Act::kRelu, false>(x, bias, nullptr, y, n, cols, d, s); break;
-          case Act::kGelu: launch_fwd<scalar_t, Act::kGelu, false>(x, bias, nullptr, y, n, cols, d, s); break;
-          case Act::kGeluTanh: launch_fwd<scalar_t, Act::kGeluTanh, false>(x, bias, nullptr, y, n, cols, d, s); break;
+          case Act::kIdentity: launch_fwd<scalar_t, Act::kIdentity, false>(x, bias, nullptr, y, rows, cols, d, s); break;
+          case Act::kRelu: launch_fwd<scalar_t, Act::kRelu, false>(x, bias, nullptr, y, rows, cols, d, s); break;
+          case Act::kGelu: launch_fwd<scalar_t, Act::kGelu, false>(x, bias, nullptr, y, rows, cols, d, s); break;
+          case Act::kGeluTanh: launch_fwd<scalar_t, Act::kGeluTanh, false>(x, bias, nullptr, y, rows, cols, d, s); break;
         }
       });
   FLS_CUDA_RETURN_LAST_ERROR();
 }
 
+// Enough for both backward paths: the fast path's chunks are >= kRowsPerChunk rows.
 int64_t bias_act_dropout_bwd_workspace(int64_t rows, int64_t cols) { return num_chunks(rows) * cols; }
 
 int bias_act_dropout_bwd(DType dt, const void* dy, const void* x, const void* bias, void* dx, void* dbias,
