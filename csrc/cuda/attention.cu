@@ -462,6 +462,7 @@ __global__ void split_bwd_vec_kernel(Parts<uint4> in, uint4* __restrict__ dqkv, 
   float acc[V];
 #pragma unroll
   for (int q = 0; q < V; ++q) acc[q] = 0.0f;
+#pragma unroll 4  // several loads in flight per thread
   for (uint32_t r = r0; r < r1; ++r) {
     const uint4 v = src[g.head_index(h, kv, t, b)];
     dqkv[r * g.width_v + cv] = v;
