@@ -1,8 +1,18 @@
 // Attention probabilities (scale + key padding / causal masks + softmax + dropout) and the head
 // split/merge around the attention GEMMs.
 //
-// Softmax: one block per row of Tk keys with loops over Tk (any length), fp32 math. Forward makes
-// two passes over the row: an online max/sum, then the write of y (and of the dropped copy). The
+// Fast paths (16-byte vectors of V = 16 / sizeof(T) elements, 32-bit index math; chosen on the host when
+// every pointer is 16-byte aligned and the sizes are multiples of V):
+// - softmax (Tk <= 1024, Tk % V == 0): a group of G lanes per row holds the row in registers, so
+//   forward reads the scores once and writes y (and the dropped copy) once; backward reads dout and y
+//   once and writes dscores once. Dropout keep bits of a vector come from the Philox groups covering
+//   its stream range (one extra group when the range does not start on a group boundary).
+// - split/merge: a thread per 16-byte column vector of the token-major rows, walking rows; the
+//   column -> (part, head, c) division is done once per thread, not per element.
+// Fallbacks (any size, any alignment): the general kernels below them.
+//
+// General softmax: one block per row of Tk keys with loops over Tk (any length), fp32 math. Forward
+// makes two passes over the row: an online max/sum, then the write of y (and of the dropped copy). The
 // dropout mask comes from Philox groups of 4 stream elements (philox.h), one group per thread-step,
 // so each Philox block is computed once; backward regenerates it instead of reading a stored mask.
 #include "attention.h"
@@ -15,8 +25,11 @@ namespace {
 
 constexpr int kSplitThreads = 256;
 constexpr int kColThreads = 256;
+constexpr int kVecThreads = 128;       // threads of a vector-path block
+constexpr int kFinalLanes = 8;         // row lanes of column_final_kernel
 constexpr int64_t kMinRowsPerChunk = 32;
-constexpr int64_t kMaxChunks = 65535;
+constexpr int64_t kTargetChunks = 512;  // few chunks: the partial sums stay small (<= 512 rows of floats)
+constexpr int kMaxVecSoftmaxTk = 1024;  // longest row the register-resident softmax holds
 
 int softmax_threads(int64_t Tk) { return Tk <= 1024 ? 128 : 256; }
 
@@ -136,8 +149,10 @@ __global__ void merge_heads_kernel(Parts<T> in, int nparts, T* __restrict__ y, i
   }
 }
 
+// The fixed partition of rows into chunks for the column sums: depends on `rows` only; at most
+// kTargetChunks chunks (so grid.y stays small).
 int64_t rows_per_chunk(int64_t rows) {
-  const int64_t r = (rows + kMaxChunks - 1) / kMaxChunks;
+  const int64_t r = (rows + kTargetChunks - 1) / kTargetChunks;
   return r > kMinRowsPerChunk ? r : kMinRowsPerChunk;
 }
 int64_t num_chunks(int64_t rows) { return (rows + rows_per_chunk(rows) - 1) / rows_per_chunk(rows); }
@@ -163,14 +178,403 @@ __global__ void split_bwd_kernel(Parts<T> in, T* __restrict__ dqkv, float* __res
   partial[blockIdx.y * width + c] = acc;
 }
 
+// sums[c] = sum over chunks k (in order) of partial[k, c]. Block (32 columns, 8 row lanes): lane ty
+// sums chunks ty, ty + 8, ... in order, then lane 0 adds the 8 lane sums in order (deterministic).
 template <typename T>
 __global__ void column_final_kernel(const float* __restrict__ partial, T* __restrict__ sums, int64_t chunks,
                                     int64_t cols) {
-  const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (c >= cols) return;
+  __shared__ float lane_sum[kFinalLanes][32];
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * 32 + threadIdx.x;
   float s = 0.0f;
-  for (int64_t k = 0; k < chunks; ++k) s += partial[k * cols + c];
-  sums[c] = from_float<T>(s);
+  if (c < cols)
+    for (int64_t k = threadIdx.y; k < chunks; k += kFinalLanes) s += partial[k * cols + c];
+  lane_sum[threadIdx.y][threadIdx.x] = s;
+  __syncthreads();
+  if (threadIdx.y != 0 || c >= cols) return;
+  float total = 0.0f;
+#pragma unroll
+  for (int l = 0; l < kFinalLanes; ++l) total += lane_sum[l][threadIdx.x];
+  sums[c] = from_float<T>(total);
+}
+
+// ---------------------------------------------------------------------------------------------
+// 16-byte vector fast paths.
+
+template <typename T>
+struct Vec {
+  static constexpr int n = 16 / static_cast<int>(sizeof(T));  // elements per 16-byte vector
+};
+
+template <typename T>
+__device__ __forceinline__ void unpack(const uint4& u, float (&f)[Vec<T>::n]) {
+  const T* e = reinterpret_cast<const T*>(&u);
+#pragma unroll
+  for (int q = 0; q < Vec<T>::n; ++q) f[q] = to_float(e[q]);
+}
+
+template <typename T>
+__device__ __forceinline__ uint4 pack(const float (&f)[Vec<T>::n]) {
+  uint4 u;
+  T* e = reinterpret_cast<T*>(&u);
+#pragma unroll
+  for (int q = 0; q < Vec<T>::n; ++q) e[q] = from_float<T>(f[q]);
+  return u;
+}
+
+// Keep bits of the N (4 or 8) stream elements s .. s+N-1 as bits 0..N-1: one Philox group per 4
+// elements, plus one more when s is not a multiple of 4 (the range then straddles N/4 + 1 groups).
+template <int N>
+__device__ __forceinline__ uint32_t keep_bits(uint64_t s, const DropoutParams& d) {
+  const uint64_t g0 = s >> 2;
+  const uint32_t a = static_cast<uint32_t>(s & 3);
+  uint32_t bits = 0;
+#pragma unroll
+  for (int i = 0; i < N / 4; ++i) bits |= dropout_keep4(g0 + i, d) << (4 * i);
+  if (a != 0) bits |= dropout_keep4(g0 + N / 4, d) << N;
+  return bits >> a;
+}
+
+// Reductions over an aligned group of G lanes of a warp (every lane of the warp must call them).
+template <int G>
+__device__ __forceinline__ float group_max(float v) {
+#pragma unroll
+  for (int o = G / 2; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+template <int G>
+__device__ __forceinline__ float group_sum(float v) {
+#pragma unroll
+  for (int o = G / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// Pad bit of key j0 + q (q < N) from the N mask bytes loaded as one word (N = 4) or two (N = 8).
+template <int N>
+__device__ __forceinline__ void load_pad(const bool* p, bool (&pad)[N]) {
+  if constexpr (N == 8) {
+    const uint2 w = *reinterpret_cast<const uint2*>(p);
+#pragma unroll
+    for (int q = 0; q < 8; ++q) pad[q] = ((q < 4 ? w.x : w.y) >> (8 * (q & 3))) & 0xffu;
+  } else {
+    const uint32_t w = *reinterpret_cast<const uint32_t*>(p);
+#pragma unroll
+    for (int q = 0; q < N; ++q) pad[q] = (w >> (8 * q)) & 0xffu;
+  }
+}
+
+// Register-resident softmax forward: G lanes per row (rows = B*H*Tq < 2^31), lane `l` holds the
+// vectors l, l + G, ... (VPL of them) of the row; Tk % V == 0, Tk <= G * VPL * V. Same maths as
+// softmax_fwd_kernel: masked keys and all-masked rows give exact zeros.
+template <typename T, int G, int VPL>
+__global__ void __launch_bounds__(kVecThreads, 1)
+    softmax_fwd_vec_kernel(const T* __restrict__ scores, const bool* __restrict__ pad_mask, T* __restrict__ y,
+                           T* __restrict__ out, uint32_t rows, uint32_t HTq, uint32_t Tq, uint32_t Tk, bool causal,
+                           float scale, DropoutParams d) {
+  constexpr int V = Vec<T>::n;
+  const uint32_t lane = threadIdx.x % G;
+  const uint32_t row = blockIdx.x * (kVecThreads / G) + threadIdx.x / G;
+  const bool active = row < rows;  // inactive lanes still join the shuffles
+  const uint32_t b = active ? row / HTq : 0, i = active ? row % Tq : 0;
+  int64_t lim = Tk;  // keys j >= lim are causally masked
+  if (causal) {
+    lim = static_cast<int64_t>(i) + (static_cast<int64_t>(Tk) - Tq) + 1;
+    lim = lim < 0 ? 0 : (lim > Tk ? Tk : lim);
+  }
+  const uint64_t base = static_cast<uint64_t>(row) * Tk;
+  float x[VPL][V];
+  float m = -INFINITY;
+#pragma unroll
+  for (int n = 0; n < VPL; ++n) {
+    const uint32_t j0 = (n * G + lane) * V;
+    if (active && j0 < Tk) {
+      float f[V];
+      unpack<T>(*reinterpret_cast<const uint4*>(scores + base + j0), f);
+      bool pad[V];
+      if (pad_mask) {
+        load_pad<V>(pad_mask + static_cast<uint64_t>(b) * Tk + j0, pad);
+      } else {
+#pragma unroll
+        for (int q = 0; q < V; ++q) pad[q] = false;
+      }
+#pragma unroll
+      for (int q = 0; q < V; ++q) {
+        const bool valid = static_cast<int64_t>(j0 + q) < lim && !pad[q];
+        x[n][q] = valid ? scale * f[q] : -INFINITY;
+        m = fmaxf(m, x[n][q]);
+      }
+    } else {
+#pragma unroll
+      for (int q = 0; q < V; ++q) x[n][q] = -INFINITY;
+    }
+  }
+  const float row_max = group_max<G>(m);
+  float sum = 0.0f;
+#pragma unroll
+  for (int n = 0; n < VPL; ++n) {
+#pragma unroll
+    for (int q = 0; q < V; ++q) {
+      // exp(-inf - row_max) = 0 for masked keys; an all-masked row (row_max = -inf) gets zeros.
+      x[n][q] = row_max == -INFINITY ? 0.0f : expf(x[n][q] - row_max);
+      sum += x[n][q];
+    }
+  }
+  const float total = group_sum<G>(sum);
+  const float inv = row_max == -INFINITY ? 0.0f : 1.0f / total;
+#pragma unroll
+  for (int n = 0; n < VPL; ++n) {
+    const uint32_t j0 = (n * G + lane) * V;
+    if (!active || j0 >= Tk) continue;
+    float p[V];
+#pragma unroll
+    for (int q = 0; q < V; ++q) p[q] = x[n][q] * inv;
+    *reinterpret_cast<uint4*>(y + base + j0) = pack<T>(p);
+    if (out) {
+      const uint32_t keep = keep_bits<V>(d.offset + base + j0, d);
+#pragma unroll
+      for (int q = 0; q < V; ++q) p[q] *= ((keep >> q) & 1u) ? d.scale : 0.0f;
+      *reinterpret_cast<uint4*>(out + base + j0) = pack<T>(p);
+    }
+  }
+}
+
+// Register-resident softmax backward, same row layout: dscores = scale * y * (g - sum(g * y)),
+// g = factor * dout (factors regenerated from the stream).
+template <typename T, int G, int VPL>
+__global__ void __launch_bounds__(kVecThreads, 1)
+    softmax_bwd_vec_kernel(const T* __restrict__ dout, const T* __restrict__ y, T* __restrict__ ds, uint32_t rows,
+                           uint32_t Tk, float scale, DropoutParams d) {
+  constexpr int V = Vec<T>::n;
+  const uint32_t lane = threadIdx.x % G;
+  const uint32_t row = blockIdx.x * (kVecThreads / G) + threadIdx.x / G;
+  const bool active = row < rows;
+  const uint64_t base = static_cast<uint64_t>(row) * Tk;
+  uint4 dv[VPL], yv[VPL];
+  uint32_t keep[VPL];
+  float dot = 0.0f;
+#pragma unroll
+  for (int n = 0; n < VPL; ++n) {
+    const uint32_t j0 = (n * G + lane) * V;
+    keep[n] = 0xffffffffu;
+    if (active && j0 < Tk) {
+      dv[n] = *reinterpret_cast<const uint4*>(dout + base + j0);
+      yv[n] = *reinterpret_cast<const uint4*>(y + base + j0);
+      if (d.threshold != 0) keep[n] = keep_bits<V>(d.offset + base + j0, d);
+      float fd[V], fy[V];
+      unpack<T>(dv[n], fd);
+      unpack<T>(yv[n], fy);
+#pragma unroll
+      for (int q = 0; q < V; ++q) {
+        const float factor = d.threshold == 0 ? 1.0f : (((keep[n] >> q) & 1u) ? d.scale : 0.0f);
+        dot += factor * fd[q] * fy[q];
+      }
+    }
+  }
+  dot = group_sum<G>(dot);
+#pragma unroll
+  for (int n = 0; n < VPL; ++n) {
+    const uint32_t j0 = (n * G + lane) * V;
+    if (!active || j0 >= Tk) continue;
+    float fd[V], fy[V];
+    unpack<T>(dv[n], fd);
+    unpack<T>(yv[n], fy);
+#pragma unroll
+    for (int q = 0; q < V; ++q) {
+      const float factor = d.threshold == 0 ? 1.0f : (((keep[n] >> q) & 1u) ? d.scale : 0.0f);
+      fd[q] = scale * fy[q] * (factor * fd[q] - dot);
+    }
+    *reinterpret_cast<uint4*>(ds + base + j0) = pack<T>(fd);
+  }
+}
+
+// Vector-unit geometry of the token-major rows [rows = T*B, width] (width = nparts * H * hd) and of
+// the head-major parts [B*H, T, hd]; every count is in 16-byte vectors and fits in 32 bits.
+struct SplitGeom {
+  uint32_t Tlen, B, H, hd_v, E_v, width_v, rows;
+  // Vector offset in part `p` of column vector cv of token row (t, b); p/h/kv precomputed per thread.
+  __device__ __forceinline__ uint32_t head_index(uint32_t h, uint32_t kv, uint32_t t, uint32_t b) const {
+    return ((b * H + h) * Tlen + t) * hd_v + kv;
+  }
+};
+
+// Column vector cv of a token row -> (part p, head h, vector kv within the head).
+__device__ __forceinline__ void split_column(const SplitGeom& g, uint32_t cv, uint32_t& p, uint32_t& h,
+                                             uint32_t& kv) {
+  p = cv / g.E_v;
+  const uint32_t rem = cv - p * g.E_v;
+  h = rem / g.hd_v;
+  kv = rem - h * g.hd_v;
+}
+
+// split_heads, vector path: thread (x) = a column vector, threads (y) and blocks (y) walk the rows.
+template <typename T>
+__global__ void split_heads_vec_kernel(const uint4* __restrict__ x, uint32_t stride_v, const uint4* __restrict__ bias,
+                                       Parts<uint4> out, SplitGeom g) {
+  const uint32_t cv = blockIdx.x * blockDim.x + threadIdx.x;
+  if (cv >= g.width_v) return;
+  uint32_t p, h, kv;
+  split_column(g, cv, p, h, kv);
+  uint4* o = out[p];
+  constexpr int V = Vec<T>::n;
+  float bf[V];
+  if (bias) unpack<T>(bias[cv], bf);
+  for (uint32_t r = blockIdx.y * blockDim.y + threadIdx.y; r < g.rows; r += gridDim.y * blockDim.y) {
+    const uint32_t t = r / g.B, b = r - t * g.B;
+    uint4 v = x[r * stride_v + cv];
+    if (bias) {
+      float f[V];
+      unpack<T>(v, f);
+#pragma unroll
+      for (int q = 0; q < V; ++q) f[q] += bf[q];
+      v = pack<T>(f);
+    }
+    o[g.head_index(h, kv, t, b)] = v;
+  }
+}
+
+// merge_heads, vector path (the inverse copy).
+__global__ void merge_heads_vec_kernel(Parts<uint4> in, uint4* __restrict__ y, uint32_t stride_v, SplitGeom g) {
+  const uint32_t cv = blockIdx.x * blockDim.x + threadIdx.x;
+  if (cv >= g.width_v) return;
+  uint32_t p, h, kv;
+  split_column(g, cv, p, h, kv);
+  const uint4* src = in[p];
+  for (uint32_t r = blockIdx.y * blockDim.y + threadIdx.y; r < g.rows; r += gridDim.y * blockDim.y) {
+    const uint32_t t = r / g.B, b = r - t * g.B;
+    y[r * stride_v + cv] = src[g.head_index(h, kv, t, b)];
+  }
+}
+
+// split_heads_bwd, vector path: block (column tile, chunk); each thread copies its column vector over
+// the chunk's rows in order and keeps the V partial column sums in registers (same order as
+// split_bwd_kernel, so both paths give the same bits).
+template <typename T>
+__global__ void split_bwd_vec_kernel(Parts<uint4> in, uint4* __restrict__ dqkv, float* __restrict__ partial,
+                                     SplitGeom g, uint32_t rpc) {
+  constexpr int V = Vec<T>::n;
+  const uint32_t cv = blockIdx.x * blockDim.x + threadIdx.x;
+  if (cv >= g.width_v) return;
+  uint32_t p, h, kv;
+  split_column(g, cv, p, h, kv);
+  const uint4* src = in[p];
+  const uint32_t r0 = blockIdx.y * rpc;
+  const uint32_t r1 = g.rows - r0 > rpc ? r0 + rpc : g.rows;  // r0 < rows: grid.y = number of chunks
+  uint32_t t = r0 / g.B, b = r0 - t * g.B;
+  float acc[V];
+#pragma unroll
+  for (int q = 0; q < V; ++q) acc[q] = 0.0f;
+#pragma unroll 4  // several loads in flight per thread
+  for (uint32_t r = r0; r < r1; ++r) {
+    const uint4 v = src[g.head_index(h, kv, t, b)];
+    dqkv[r * g.width_v + cv] = v;
+    float f[V];
+    unpack<T>(v, f);
+#pragma unroll
+    for (int q = 0; q < V; ++q) acc[q] += f[q];
+    if (++b == g.B) {
+      b = 0;
+      ++t;
+    }
+  }
+  float* pr = partial + static_cast<uint64_t>(blockIdx.y) * g.width_v * V + static_cast<uint64_t>(cv) * V;
+#pragma unroll
+  for (int q = 0; q < V; ++q) pr[q] = acc[q];
+}
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// Launches the register-resident softmax forward when the row fits; false -> use the general kernel.
+template <typename T>
+bool softmax_fwd_vec(const T* scores, const bool* pad, T* y, T* out, int64_t B, int64_t H, int64_t Tq, int64_t Tk,
+                     bool causal, float scale, const DropoutParams& d, cudaStream_t s) {
+  constexpr int V = Vec<T>::n;
+  const int64_t rows = B * H * Tq;
+  if (Tk % V != 0 || Tk > kMaxVecSoftmaxTk || rows > 2147483647LL) return false;
+  if (!aligned16(scores) || !aligned16(y) || (out && !aligned16(out))) return false;
+  if (pad && reinterpret_cast<uintptr_t>(pad) % 8 != 0) return false;
+  const int64_t nv = Tk / V;  // vectors per row
+  const uint32_t r = static_cast<uint32_t>(rows), htq = static_cast<uint32_t>(H * Tq),
+                 tq = static_cast<uint32_t>(Tq), tk = static_cast<uint32_t>(Tk);
+#define FLS_SOFTMAX_FWD_VEC(G, VPL)                                                                          \
+  softmax_fwd_vec_kernel<T, G, VPL><<<static_cast<unsigned>((rows + kVecThreads / G - 1) / (kVecThreads / G)), \
+                                      kVecThreads, 0, s>>>(scores, pad, y, out, r, htq, tq, tk, causal, scale, d)
+  if (nv <= 8) {
+    FLS_SOFTMAX_FWD_VEC(8, 1);
+  } else if (nv <= 16) {
+    FLS_SOFTMAX_FWD_VEC(16, 1);
+  } else if (nv <= 32) {
+    FLS_SOFTMAX_FWD_VEC(32, 1);
+  } else if (nv <= 64) {
+    FLS_SOFTMAX_FWD_VEC(32, 2);
+  } else if (nv <= 128) {
+    FLS_SOFTMAX_FWD_VEC(32, 4);
+  } else {
+    if constexpr (V == 4) {
+      FLS_SOFTMAX_FWD_VEC(32, 8);  // fp32: nv <= 256 since Tk <= 1024
+    } else {
+      return false;
+    }
+  }
+#undef FLS_SOFTMAX_FWD_VEC
+  return true;
+}
+
+template <typename T>
+bool softmax_bwd_vec(const T* dout, const T* y, T* ds, int64_t rows, int64_t Tk, float scale, const DropoutParams& d,
+                     cudaStream_t s) {
+  constexpr int V = Vec<T>::n;
+  if (Tk % V != 0 || Tk > kMaxVecSoftmaxTk || rows > 2147483647LL) return false;
+  if (!aligned16(dout) || !aligned16(y) || !aligned16(ds)) return false;
+  const int64_t nv = Tk / V;
+  const uint32_t r = static_cast<uint32_t>(rows), tk = static_cast<uint32_t>(Tk);
+#define FLS_SOFTMAX_BWD_VEC(G, VPL)                                                                          \
+  softmax_bwd_vec_kernel<T, G, VPL><<<static_cast<unsigned>((rows + kVecThreads / G - 1) / (kVecThreads / G)), \
+                                      kVecThreads, 0, s>>>(dout, y, ds, r, tk, scale, d)
+  if (nv <= 8) {
+    FLS_SOFTMAX_BWD_VEC(8, 1);
+  } else if (nv <= 16) {
+    FLS_SOFTMAX_BWD_VEC(16, 1);
+  } else if (nv <= 32) {
+    FLS_SOFTMAX_BWD_VEC(32, 1);
+  } else if (nv <= 64) {
+    FLS_SOFTMAX_BWD_VEC(32, 2);
+  } else if (nv <= 128) {
+    FLS_SOFTMAX_BWD_VEC(32, 4);
+  } else {
+    if constexpr (V == 4) {
+      FLS_SOFTMAX_BWD_VEC(32, 8);
+    } else {
+      return false;
+    }
+  }
+#undef FLS_SOFTMAX_BWD_VEC
+  return true;
+}
+
+// Geometry of the vector path of split/merge, or false when it does not apply: hd and the token
+// row stride multiples of V, and both index spaces (token-major, head-major) below 2^31 elements.
+template <typename T>
+bool split_geom(int64_t T_, int64_t B, int64_t H, int64_t hd, int nparts, int64_t row_stride, SplitGeom& g) {
+  constexpr int V = Vec<T>::n;
+  if (hd % V != 0 || row_stride % V != 0) return false;
+  const int64_t rows = T_ * B, width = nparts * H * hd;
+  if (rows * (row_stride > width ? row_stride : width) > 2147483647LL || B * H * T_ * hd > 2147483647LL) return false;
+  g.Tlen = static_cast<uint32_t>(T_);
+  g.B = static_cast<uint32_t>(B);
+  g.H = static_cast<uint32_t>(H);
+  g.hd_v = static_cast<uint32_t>(hd / V);
+  g.E_v = static_cast<uint32_t>(H * hd / V);
+  g.width_v = static_cast<uint32_t>(width / V);
+  g.rows = static_cast<uint32_t>(rows);
+  return true;
+}
+
+// Block (x = column vectors, y = rows) and grid for the split/merge vector kernels.
+void split_launch_shape(const SplitGeom& g, dim3& grid, dim3& block) {
+  const uint32_t tx = g.width_v >= kVecThreads ? kVecThreads : (g.width_v + 31) / 32 * 32;
+  const uint32_t ty = kVecThreads / tx;
+  block = dim3(tx, ty);
+  const uint32_t row_blocks = (g.rows + ty - 1) / ty;
+  grid = dim3((g.width_v + tx - 1) / tx, row_blocks < 65535u ? row_blocks : 65535u);
 }
 
 }  // namespace
@@ -181,9 +585,13 @@ int attention_softmax_fwd(DType dt, const void* scores, const bool* key_padding_
   const int64_t rows = B * H * Tq;
   if (rows == 0 || Tk == 0) return 0;
   auto s = static_cast<cudaStream_t>(stream);
-  FLS_CUDA_DISPATCH(dt, softmax_fwd_kernel<scalar_t><<<static_cast<unsigned>(rows), softmax_threads(Tk), 0, s>>>(
-                            static_cast<const scalar_t*>(scores), key_padding_mask, static_cast<scalar_t*>(y),
-                            d.threshold ? static_cast<scalar_t*>(out) : nullptr, H, Tq, Tk, causal, scale, d));
+  FLS_CUDA_DISPATCH(
+      dt, using U = scalar_t; const U* sc = static_cast<const U*>(scores); U* yp = static_cast<U*>(y);
+      U* op = d.threshold ? static_cast<U*>(out) : nullptr;
+      if (!softmax_fwd_vec<U>(sc, key_padding_mask, yp, op, B, H, Tq, Tk, causal, scale, d, s)) {
+        softmax_fwd_kernel<U><<<static_cast<unsigned>(rows), softmax_threads(Tk), 0, s>>>(
+            sc, key_padding_mask, yp, op, H, Tq, Tk, causal, scale, d);
+      });
   FLS_CUDA_RETURN_LAST_ERROR();
 }
 
@@ -191,9 +599,11 @@ int attention_softmax_bwd(DType dt, const void* dout, const void* y, void* dscor
                           float scale, const DropoutParams& d, void* stream) {
   if (rows == 0 || Tk == 0) return 0;
   auto s = static_cast<cudaStream_t>(stream);
-  FLS_CUDA_DISPATCH(dt, softmax_bwd_kernel<scalar_t><<<static_cast<unsigned>(rows), softmax_threads(Tk), 0, s>>>(
-                            static_cast<const scalar_t*>(dout), static_cast<const scalar_t*>(y),
-                            static_cast<scalar_t*>(dscores), Tk, scale, d));
+  FLS_CUDA_DISPATCH(
+      dt, using U = scalar_t; const U* dp = static_cast<const U*>(dout); const U* yp = static_cast<const U*>(y);
+      U* dsp = static_cast<U*>(dscores); if (!softmax_bwd_vec<U>(dp, yp, dsp, rows, Tk, scale, d, s)) {
+        softmax_bwd_kernel<U><<<static_cast<unsigned>(rows), softmax_threads(Tk), 0, s>>>(dp, yp, dsp, Tk, scale, d);
+      });
   FLS_CUDA_RETURN_LAST_ERROR();
 }
 
@@ -203,11 +613,23 @@ int split_heads(DType dt, const void* x, int64_t row_stride, const void* bias, v
   if (total == 0) return 0;
   if (nparts < 1 || nparts > 3) return cudaErrorInvalidValue;
   auto s = static_cast<cudaStream_t>(stream);
-  FLS_CUDA_DISPATCH(dt, using U = scalar_t; Parts<U> parts{}; for (int p = 0; p < nparts; ++p) parts.p[p] =
-                            static_cast<U*>(out[p]);
-                    split_heads_kernel<U><<<grid_1d(total, kSplitThreads), kSplitThreads, 0, s>>>(
-                        static_cast<const U*>(x), row_stride, static_cast<const U*>(bias), parts, nparts, T, B, H,
-                        hd));
+  bool aligned = aligned16(x) && (bias == nullptr || aligned16(bias));
+  for (int p = 0; p < nparts; ++p) aligned = aligned && aligned16(out[p]);
+  FLS_CUDA_DISPATCH(
+      dt, using U = scalar_t; SplitGeom g; if (aligned && split_geom<U>(T, B, H, hd, nparts, row_stride, g)) {
+        Parts<uint4> parts{};
+        for (int p = 0; p < nparts; ++p) parts.p[p] = static_cast<uint4*>(out[p]);
+        dim3 grid, block;
+        split_launch_shape(g, grid, block);
+        split_heads_vec_kernel<U><<<grid, block, 0, s>>>(
+            static_cast<const uint4*>(x), static_cast<uint32_t>(row_stride / Vec<U>::n),
+            static_cast<const uint4*>(bias), parts, g);
+      } else {
+        Parts<U> parts{};
+        for (int p = 0; p < nparts; ++p) parts.p[p] = static_cast<U*>(out[p]);
+        split_heads_kernel<U><<<grid_1d(total, kSplitThreads), kSplitThreads, 0, s>>>(
+            static_cast<const U*>(x), row_stride, static_cast<const U*>(bias), parts, nparts, T, B, H, hd);
+      });
   FLS_CUDA_RETURN_LAST_ERROR();
 }
 
@@ -217,10 +639,22 @@ int merge_heads(DType dt, const void* const* in, int nparts, void* y, int64_t ro
   if (total == 0) return 0;
   if (nparts < 1 || nparts > 3) return cudaErrorInvalidValue;
   auto s = static_cast<cudaStream_t>(stream);
-  FLS_CUDA_DISPATCH(dt, using U = scalar_t; Parts<U> parts{}; for (int p = 0; p < nparts; ++p) parts.p[p] =
-                            const_cast<U*>(static_cast<const U*>(in[p]));
-                    merge_heads_kernel<U><<<grid_1d(total, kSplitThreads), kSplitThreads, 0, s>>>(
-                        parts, nparts, static_cast<U*>(y), row_stride, T, B, H, hd));
+  bool aligned = aligned16(y);
+  for (int p = 0; p < nparts; ++p) aligned = aligned && aligned16(in[p]);
+  FLS_CUDA_DISPATCH(
+      dt, using U = scalar_t; SplitGeom g; if (aligned && split_geom<U>(T, B, H, hd, nparts, row_stride, g)) {
+        Parts<uint4> parts{};
+        for (int p = 0; p < nparts; ++p) parts.p[p] = const_cast<uint4*>(static_cast<const uint4*>(in[p]));
+        dim3 grid, block;
+        split_launch_shape(g, grid, block);
+        merge_heads_vec_kernel<<<grid, block, 0, s>>>(parts, static_cast<uint4*>(y),
+                                                      static_cast<uint32_t>(row_stride / Vec<U>::n), g);
+      } else {
+        Parts<U> parts{};
+        for (int p = 0; p < nparts; ++p) parts.p[p] = const_cast<U*>(static_cast<const U*>(in[p]));
+        merge_heads_kernel<U><<<grid_1d(total, kSplitThreads), kSplitThreads, 0, s>>>(
+            parts, nparts, static_cast<U*>(y), row_stride, T, B, H, hd);
+      });
   FLS_CUDA_RETURN_LAST_ERROR();
 }
 
@@ -231,15 +665,24 @@ int split_heads_bwd(DType dt, const void* const* in, void* dqkv, void* dbias, fl
   const int64_t rows = T * B, cols = 3 * H * hd;
   if (cols == 0) return 0;
   auto s = static_cast<cudaStream_t>(stream);
-  const int64_t chunks = num_chunks(rows);
+  const int64_t chunks = num_chunks(rows), rpc = rows_per_chunk(rows);
+  const bool aligned = aligned16(dqkv) && aligned16(in[0]) && aligned16(in[1]) && aligned16(in[2]);
   const unsigned col_tiles = static_cast<unsigned>((cols + kColThreads - 1) / kColThreads);
   FLS_CUDA_DISPATCH(
-      dt, using U = scalar_t; Parts<U> parts{};
-      for (int p = 0; p < 3; ++p) parts.p[p] = const_cast<U*>(static_cast<const U*>(in[p]));
-      if (rows > 0) {
+      dt, using U = scalar_t; SplitGeom g; if (rows > 0 && aligned && split_geom<U>(T, B, H, hd, 3, cols, g)) {
+        Parts<uint4> parts{};
+        for (int p = 0; p < 3; ++p) parts.p[p] = const_cast<uint4*>(static_cast<const uint4*>(in[p]));
+        const unsigned vec_tiles = (g.width_v + kVecThreads - 1) / kVecThreads;
+        split_bwd_vec_kernel<U><<<dim3(vec_tiles, static_cast<unsigned>(chunks)), kVecThreads, 0, s>>>(
+            parts, static_cast<uint4*>(dqkv), workspace, g, static_cast<uint32_t>(rpc));
+      } else if (rows > 0) {
+        Parts<U> parts{};
+        for (int p = 0; p < 3; ++p) parts.p[p] = const_cast<U*>(static_cast<const U*>(in[p]));
         split_bwd_kernel<U><<<dim3(col_tiles, static_cast<unsigned>(chunks)), kColThreads, 0, s>>>(
-            parts, static_cast<U*>(dqkv), workspace, T, B, H, hd, rows_per_chunk(rows));
-      } column_final_kernel<U><<<col_tiles, kColThreads, 0, s>>>(workspace, static_cast<U*>(dbias), chunks, cols));
+            parts, static_cast<U*>(dqkv), workspace, T, B, H, hd, rpc);
+      } column_final_kernel<U>
+      <<<static_cast<unsigned>((cols + 31) / 32), dim3(32, kFinalLanes), 0, s>>>(workspace, static_cast<U*>(dbias),
+                                                                                 chunks, cols));
   FLS_CUDA_RETURN_LAST_ERROR();
 }
 

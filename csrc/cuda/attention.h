@@ -9,7 +9,8 @@ namespace fls {
 namespace cuda {
 
 // scores, y: [B, H, Tq, Tk] dt; key_padding_mask: [B, Tk] bool or nullptr; out: same as y, written
-// only when d.threshold > 0. One block per row (B*H*Tq <= 2^31-1), any Tk, fp32 math.
+// only when d.threshold > 0. B*H*Tq <= 2^31-1, any Tk, fp32 math: a register-resident group of lanes
+// per row when Tk <= 1024, Tk % (16 / element size) == 0 and the pointers are aligned, else a block per row.
 int attention_softmax_fwd(DType dt, const void* scores, const bool* key_padding_mask, void* y, void* out, int64_t B,
                           int64_t H, int64_t Tq, int64_t Tk, bool causal, float scale, const DropoutParams& d,
                           void* stream);
