@@ -87,3 +87,21 @@ def test_traces_under_torch_compile_fake_tensors():
         x = torch.empty(3, 5, 64)
         y, mean, rstd = torch.ops.fairseq_lightseq.layer_norm_fwd(x, torch.empty(64), torch.empty(64), 1e-5)
     assert y.shape == (3, 5, 64) and mean.shape == (15,) and rstd.dtype == torch.float32
+
+
+def test_gradients_do_not_depend_on_thread_count():
+    # dweight/dbias are sums over rows in fixed chunks; the chunk partial sums must not depend on how
+    # chunks are spread over threads. 1000 rows: not a multiple of the chunk.
+    x, w, b = (t.detach() for t in _inputs((1000, 129), "cpu", torch.float32))
+    dy = randn(1000, 129, seed=7)
+    f = torch.ops.fairseq_lightseq
+    n = torch.get_num_threads()
+    try:
+        outs = []
+        for t in (1, max(2, n)):
+            torch.set_num_threads(t)
+            _, mean, rstd = f.layer_norm_fwd(x, w, b, 1e-5)
+            outs.append(f.layer_norm_bwd(dy, x, w, mean, rstd))
+    finally:
+        torch.set_num_threads(n)
+    assert all(torch.equal(a, c) for a, c in zip(*outs))

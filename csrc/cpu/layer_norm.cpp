@@ -2,38 +2,125 @@
 
 #include <algorithm>
 #include <cmath>
-#include <vector>
+#include <memory>
 
 namespace fls {
 namespace cpu {
 
-template <typename T>
-void layer_norm_fwd(const T* x, const T* weight, const T* bias, T* y, acc_t<T>* mean, acc_t<T>* rstd,
-                    int64_t rows, int64_t cols, double eps) {
+// The row loops are templates over the storage type; the float32 instances are called through
+// FLS_CPU_CLONES wrappers (cpu_common.h) so they also run as AVX-512 where the CPU has it, like
+// torch's own layer norm. Overload resolution picks the float wrapper over the template for float;
+// double (gradcheck) and BFloat16 call the template directly. always_inline: otherwise gcc may
+// call one shared baseline copy of the template from every clone, which then runs no AVX-512.
+
+// Sum of f(x[c]) over a row of n, as four partial sums over the row's quarters. A single vector
+// accumulator is latency bound once the row is in L1 (one add every ~4 cycles, gcc does not split
+// it); four independent ones are not. The quarters keep every load stream contiguous.
+template <typename T, typename F>
+__attribute__((always_inline)) inline acc_t<T> row_sum(const T* x, int64_t n, F f) {
   using A = acc_t<T>;
+  const int64_t q = n / 4;
+  const T *x1 = x + q, *x2 = x + 2 * q, *x3 = x + 3 * q;
+  A s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+  // omp simd: lets the compiler reorder (vectorise) the sums, which strict IEEE forbids.
+#pragma omp simd reduction(+ : s0, s1, s2, s3)
+  for (int64_t c = 0; c < q; ++c) {
+    s0 += f(static_cast<A>(x[c]));
+    s1 += f(static_cast<A>(x1[c]));
+    s2 += f(static_cast<A>(x2[c]));
+    s3 += f(static_cast<A>(x3[c]));
+  }
+  for (int64_t c = 4 * q; c < n; ++c) s0 += f(static_cast<A>(x[c]));
+  return (s0 + s1) + (s2 + s3);
+}
+
+// One row of the forward: y = (x - mean) * rstd * weight + bias; returns mean and rstd.
+template <typename T>
+__attribute__((always_inline)) inline void fwd_row(const T* x, const T* weight, const T* bias, T* y,
+                                                   acc_t<T>* mean, acc_t<T>* rstd, int64_t n, acc_t<T> eps) {
+  using A = acc_t<T>;
+  // Two passes (mean, then centred squares): stable for inputs with a large mean; the row is in L1
+  // for the second pass.
+  const A mu = row_sum(x, n, [](A v) { return v; }) / static_cast<A>(n);
+  const A sq = row_sum(x, n, [mu](A v) { return (v - mu) * (v - mu); });
+  const A rs = A(1) / std::sqrt(sq / static_cast<A>(n) + eps);
+#pragma omp simd
+  for (int64_t c = 0; c < n; ++c) {
+    const A xh = (static_cast<A>(x[c]) - mu) * rs;
+    y[c] = static_cast<T>(xh * static_cast<A>(weight[c]) + static_cast<A>(bias[c]));
+  }
+  *mean = mu;
+  *rstd = rs;
+}
+FLS_CPU_CLONES void fwd_row(const float* x, const float* weight, const float* bias, float* y, float* mean,
+                            float* rstd, int64_t n, float eps) {
+  fwd_row<float>(x, weight, bias, y, mean, rstd, n, eps);
+}
+
+// One row of the backward: dx, and the row's terms of the dweight (dy * xhat) and dbias (dy) column
+// sums, added into sw/sb; the first row of a chunk writes them instead (no zero-filled buffer).
+template <typename T>
+__attribute__((always_inline)) inline void bwd_row(const T* dy, const T* x, const T* weight, acc_t<T> mu,
+                                                   acc_t<T> rs, T* dx, acc_t<T>* sw, acc_t<T>* sb, int64_t n,
+                                                   bool first) {
+  using A = acc_t<T>;
+  // Pass 1 does the row reductions and the column sums together, so dy and x come from memory
+  // once (it was a separate third pass before); pass 2 (dx) finds the row in L1. Two copies of
+  // pass 1 so the write/accumulate choice is not made per element.
+  A s_g = 0, s_gx = 0;  // sum(w * dy), sum(w * dy * xhat)
+  if (first) {
+#pragma omp simd reduction(+ : s_g, s_gx)
+    for (int64_t c = 0; c < n; ++c) {
+      const A g = static_cast<A>(dy[c]), xh = (static_cast<A>(x[c]) - mu) * rs, gw = g * static_cast<A>(weight[c]);
+      s_g += gw;
+      s_gx += gw * xh;
+      sw[c] = g * xh;
+      sb[c] = g;
+    }
+  } else {
+#pragma omp simd reduction(+ : s_g, s_gx)
+    for (int64_t c = 0; c < n; ++c) {
+      const A g = static_cast<A>(dy[c]), xh = (static_cast<A>(x[c]) - mu) * rs, gw = g * static_cast<A>(weight[c]);
+      s_g += gw;
+      s_gx += gw * xh;
+      sw[c] += g * xh;
+      sb[c] += g;
+    }
+  }
+  const A inv_n = A(1) / static_cast<A>(n);
+  s_g *= inv_n;
+  s_gx *= inv_n;
+#pragma omp simd
+  for (int64_t c = 0; c < n; ++c) {
+    const A xh = (static_cast<A>(x[c]) - mu) * rs;
+    dx[c] = static_cast<T>(rs * (static_cast<A>(dy[c]) * static_cast<A>(weight[c]) - s_g - xh * s_gx));
+  }
+}
+FLS_CPU_CLONES void bwd_row(const float* dy, const float* x, const float* weight, float mu, float rs, float* dx,
+                            float* sw, float* sb, int64_t n, bool first) {
+  bwd_row<float>(dy, x, weight, mu, rs, dx, sw, sb, n, first);
+}
+
+// Asks for the start of the next row while this row is worked on from L1: the forward alternates
+// a pass that loads from memory with passes that only touch L1, and the hardware prefetcher alone
+// leaves the memory idle during the latter. Measured at 4096x512/1024 on one thread: ~15-20%
+// faster forward; the first 2 KiB beat the whole row at 1024 columns (too many misses in flight,
+// and the hardware prefetcher takes over along the row). The backward's first pass does enough
+// work per load that prefetching there did not help.
+template <typename T>
+inline void prefetch_row_start(const T* p, int64_t n) {
+  constexpr int64_t kLine = 64 / sizeof(T), kMax = 2048 / sizeof(T);
+  const int64_t end = std::min(n, kMax);
+  for (int64_t c = 0; c < end; c += kLine) __builtin_prefetch(p + c);
+}
+
+template <typename T>
+void layer_norm_fwd(const T* x, const T* weight, const T* bias, T* y, acc_t<T>* mean, acc_t<T>* rstd, int64_t rows,
+                    int64_t cols, double eps) {
   parallel_for(rows, grain_for(cols), [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
-      const T* xr = x + r * cols;
-      T* yr = y + r * cols;
-      // Two passes (mean, then centred squares): stable for inputs with a large mean.
-      // omp simd: lets the compiler reorder (vectorise) the reductions, which strict IEEE forbids.
-      A sum = 0;
-#pragma omp simd reduction(+ : sum)
-      for (int64_t c = 0; c < cols; ++c) sum += static_cast<A>(xr[c]);
-      const A mu = sum / static_cast<A>(cols);
-      A sq = 0;
-#pragma omp simd reduction(+ : sq)
-      for (int64_t c = 0; c < cols; ++c) {
-        const A d = static_cast<A>(xr[c]) - mu;
-        sq += d * d;
-      }
-      const A rs = A(1) / std::sqrt(sq / static_cast<A>(cols) + static_cast<A>(eps));
-      for (int64_t c = 0; c < cols; ++c) {
-        const A xh = (static_cast<A>(xr[c]) - mu) * rs;
-        yr[c] = static_cast<T>(xh * static_cast<A>(weight[c]) + static_cast<A>(bias[c]));
-      }
-      mean[r] = mu;
-      rstd[r] = rs;
+      if (r + 1 < end) prefetch_row_start(x + (r + 1) * cols, cols);
+      fwd_row(x + r * cols, weight, bias, y + r * cols, mean + r, rstd + r, cols, static_cast<acc_t<T>>(eps));
     }
   });
 }
@@ -42,9 +129,9 @@ template <typename T>
 void layer_norm_bwd(const T* dy, const T* x, const T* weight, const acc_t<T>* mean, const acc_t<T>* rstd, T* dx,
                     T* dweight, T* dbias, int64_t rows, int64_t cols) {
   using A = acc_t<T>;
-  // One pass over fixed chunks of rows: dx row by row, and each chunk's partial column sums of
-  // dweight/dbias; the partials are then added in chunk order. The chunking does not depend on the
-  // thread count, so neither does the result.
+  // dx row by row, and per fixed chunk of rows the partial column sums of dweight/dbias, which are
+  // then added in chunk order. The chunking does not depend on the thread count, so neither does
+  // the result.
   constexpr int64_t kChunk = 32;
   const int64_t chunks = (rows + kChunk - 1) / kChunk;
   if (chunks == 0) {  // no rows: zero gradients
@@ -52,58 +139,33 @@ void layer_norm_bwd(const T* dy, const T* x, const T* weight, const acc_t<T>* me
     std::fill(dbias, dbias + cols, static_cast<T>(0));
     return;
   }
-  std::vector<A> pw(chunks * cols, A(0)), pb(chunks * cols, A(0));
-  const A inv_n = A(1) / static_cast<A>(cols);
+  // Uninitialised: every chunk's first row writes its partial sums.
+  std::unique_ptr<A[]> pw(new A[chunks * cols]), pb(new A[chunks * cols]);
   parallel_for(chunks, grain_for(kChunk * cols), [&](int64_t begin, int64_t end) {
     for (int64_t k = begin; k < end; ++k) {
-      A* sw = pw.data() + k * cols;
-      A* sb = pb.data() + k * cols;
-      const int64_t r1 = std::min(rows, (k + 1) * kChunk);
-      for (int64_t r = k * kChunk; r < r1; ++r) {
-        const T* dyr = dy + r * cols;
-        const T* xr = x + r * cols;
-        T* dxr = dx + r * cols;
-        const A mu = mean[r], rs = rstd[r];
-        A s_g = 0, s_gx = 0;  // sum(w*dy), sum(w*dy*xhat)
-        // Three simple loops over a row that sits in L1 vectorise better than one loop doing
-        // reductions and array updates at once.
-#pragma omp simd reduction(+ : s_g, s_gx)
-        for (int64_t c = 0; c < cols; ++c) {
-          const A gw = static_cast<A>(dyr[c]) * static_cast<A>(weight[c]);
-          s_g += gw;
-          s_gx += gw * ((static_cast<A>(xr[c]) - mu) * rs);
-        }
-        s_g *= inv_n;
-        s_gx *= inv_n;
-#pragma omp simd
-        for (int64_t c = 0; c < cols; ++c) {
-          const A xh = (static_cast<A>(xr[c]) - mu) * rs;
-          dxr[c] = static_cast<T>(rs * (static_cast<A>(dyr[c]) * static_cast<A>(weight[c]) - s_g - xh * s_gx));
-        }
-#pragma omp simd
-        for (int64_t c = 0; c < cols; ++c) {
-          const A g = static_cast<A>(dyr[c]);
-          sw[c] += g * ((static_cast<A>(xr[c]) - mu) * rs);
-          sb[c] += g;
-        }
-      }
+      const int64_t r0 = k * kChunk, r1 = std::min(rows, r0 + kChunk);
+      for (int64_t r = r0; r < r1; ++r)
+        bwd_row(dy + r * cols, x + r * cols, weight, mean[r], rstd[r], dx + r * cols, pw.get() + k * cols,
+                pb.get() + k * cols, cols, r == r0);
     }
   });
-  // Chunk sums added in chunk order, a column block per task (rows of pw/pb are contiguous).
+  // Chunk sums added in chunk order into chunk 0's row, a column block per task (rows of pw/pb are
+  // contiguous).
   parallel_for(cols, std::max<int64_t>(64, grain_for(chunks)), [&](int64_t begin, int64_t end) {
-    std::vector<A> w(pw.begin() + begin, pw.begin() + end), b(pb.begin() + begin, pb.begin() + end);
+    A* w = pw.get();
+    A* b = pb.get();
     for (int64_t k = 1; k < chunks; ++k) {
-      const A* pwk = pw.data() + k * cols;
-      const A* pbk = pb.data() + k * cols;
+      const A* pwk = w + k * cols;
+      const A* pbk = b + k * cols;
 #pragma omp simd
       for (int64_t c = begin; c < end; ++c) {
-        w[c - begin] += pwk[c];
-        b[c - begin] += pbk[c];
+        w[c] += pwk[c];
+        b[c] += pbk[c];
       }
     }
     for (int64_t c = begin; c < end; ++c) {
-      dweight[c] = static_cast<T>(w[c - begin]);
-      dbias[c] = static_cast<T>(b[c - begin]);
+      dweight[c] = static_cast<T>(w[c]);
+      dbias[c] = static_cast<T>(b[c]);
     }
   });
 }
