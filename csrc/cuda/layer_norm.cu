@@ -21,7 +21,7 @@ constexpr int kMaxFastCols = 1024;  // fast path: row length bound (registers an
 constexpr int kMaxElemsPerLane = 32;  // fast path: register bound, elements of a row per lane
 constexpr int64_t kTargetChunks = 1024;  // fast backward: about this many row chunks (blocks)
 constexpr int64_t kMinRowsPerChunk = 2 * kWarps;
-constexpr int kFinalCols = 32, kFinalGroups = 8;  // final column-sum kernel block shape
+constexpr int kFinalCols = 32, kFinalGroups = 16;  // final column-sum kernel block shape
 
 // 16 bytes of T (kN elements) travel as one uint4: the unit of the fast path's vector loads and stores.
 // Elements are unpacked from / packed into its 32-bit words with register moves only (j is a
@@ -315,6 +315,8 @@ __global__ void __launch_bounds__(kFinalCols* kFinalGroups)
   const int64_t c = static_cast<int64_t>(blockIdx.x) * kFinalCols + tc;
   float sw = 0.f, sb = 0.f;
   if (c < cols) {
+    // Unrolled so that several chunk loads are in flight (the adds stay in k order).
+#pragma unroll 8
     for (int64_t k = g; k < chunks; k += kFinalGroups) {
       sw += pw[k * cols + c];
       sb += pb[k * cols + c];
