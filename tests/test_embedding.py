@@ -340,7 +340,7 @@ print("NO ERROR")
 )
 def test_cuda_bad_token_names_the_limit(op, tokens, positions, match):
     """On CUDA the ids are checked inside the kernels (a host-side check would sync the stream on every
-    call): a bad id prints the id and the limit and traps, which leaves the process's CUDA context unusable,
+    call): a bad id prints the id and the limit and fails a device assert, which leaves the process's CUDA context unusable,
     so the bad call runs in a child process whose output and exit status are checked."""
     if positions == "None":
         positions = "None" if op == "bwd" else "torch.tensor([[2, 3]], device='cuda')"

@@ -1,13 +1,25 @@
 // Embedding forward (gather + scale + positions + dropout) and a deterministic backward: the wrapper
 // sorts the lookup keys (stable, on the device), and the first row of each run of equal keys sums the
 // run's grad rows in sorted order (one thread per column group), applying the dropout mask on the fly.
-// Token/position ids are range-checked in the kernels (printf + trap), not on the host: a host check
+// Token/position ids are range-checked in the kernels (printf + device assert), not on the host: a host check
 // needs a device->host copy, i.e. a stream sync per call.
 #include <cstdio>
 
 #include "dtype.cuh"
 #include "embedding.h"
 #include "fls/philox.h"
+
+// The device assert that check_id ends with (as PyTorch's CUDA_KERNEL_ASSERT_PRINTF does): glibc's
+// __assert_fail, which CUDA also provides on the device. <assert.h> declares it only without NDEBUG, so it
+// is declared here the way glibc does (the same declaration as torch/headeronly/macros/Macros.h).
+extern "C" {
+#if defined(__CUDA_ARCH__)
+__host__ __device__
+#endif
+    void
+    __assert_fail(const char* assertion, const char* file, unsigned int line, const char* function) noexcept
+    __attribute__((__noreturn__));
+}
 
 namespace fls {
 namespace cuda {
@@ -17,11 +29,11 @@ constexpr int kFwdThreads = 128;
 constexpr int kBwdThreads = 128;
 constexpr unsigned kMaxGrid = 65535u * 16u;
 
-// Prints the bad id and the limit once per warp that meets it, then traps (like PyTorch's device assert:
-// the kernel aborts and the next CUDA call of the process reports the error). Every thread that meets a
-// bad id traps, so none of them reads or writes out of bounds.
-__device__ __forceinline__ void check_id(int64_t id, int64_t limit, bool is_position) {
-  if (id >= 0 && id < limit) return;
+// Prints the bad id and the limit once per warp that meets it, then fails a device assert (as PyTorch's
+// embedding does: the kernel aborts and the next CUDA call of the process reports the error). Every
+// thread that meets a bad id stops there, so none of them reads or writes out of bounds. Not inlined and
+// noreturn: the kernels then keep no registers live across this cold call (no spills).
+[[noreturn]] __device__ __noinline__ void report_bad_id(int64_t id, int64_t limit, bool is_position) {
   if ((threadIdx.x & 31) == static_cast<unsigned>(__ffs(__activemask()) - 1)) {
     const char* what = is_position ? "position" : "token id";
     const char* limit_name = is_position ? "max positions" : "num_embeddings";
@@ -32,7 +44,11 @@ __device__ __forceinline__ void check_id(int64_t id, int64_t limit, bool is_posi
              static_cast<long long>(limit), static_cast<long long>(limit - 1));
     }
   }
-  __trap();
+  __assert_fail("embedding: id out of range (see the line above)", __FILE__, __LINE__, "report_bad_id");
+}
+
+__device__ __forceinline__ void check_id(int64_t id, int64_t limit, bool is_position) {
+  if (id < 0 || id >= limit) report_bad_id(id, limit, is_position);
 }
 
 // 16 bytes of T (kN elements) travel as one uint4; elements are taken from / put into its 32-bit words

@@ -34,7 +34,7 @@ std::pair<int64_t, int64_t> min_max(const at::Tensor& t) {
   return {lo, hi};
 }
 
-// CPU only: on CUDA the kernels check every id (printf of the id and the limit, then a trap).
+// CPU only: on CUDA the kernels check every id (printf of the id and the limit, then a device assert).
 void check_range(const at::Tensor& t, int64_t limit, const char* what, const char* limit_name) {
   if (t.is_cuda()) return;
   const auto mm = min_max(t);
