@@ -1,4 +1,8 @@
 """embedding: token lookup * scale + positions + dropout, the kernels against the reference and fairseq."""
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -8,6 +12,7 @@ from fairseq_lightseq.ops import _backend, reference
 from fairseq_lightseq.ops.embedding import EmbeddingFunction
 
 PAD = 1
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # (B, T, E, V): odd hidden sizes, T=1, batch 1; small V so that tokens repeat.
 SHAPES = [(1, 1, 7, 11), (3, 11, 129, 50), (2, 17, 512, 300), (1, 6, 512, 9), (4, 1, 129, 40)]
 LAYOUTS = ["right", "left", "none", "all_pad_row", "repeated"]
@@ -304,9 +309,45 @@ def test_cuda_matches_cpu_kernel_and_is_deterministic(dtype):
         assert_close(a.cpu(), b, scale=40)
 
 
+_BAD_ID_CHILD = """
+import torch
+from fairseq_lightseq import ops
+from fairseq_lightseq.ops import _backend
+assert _backend.use_kernel("embedding_fwd", "cuda"), "no CUDA embedding kernel"
+tok = torch.tensor({tokens}, device="cuda")
+w = torch.randn(10, 8, device="cuda")
+if "{op}" == "fwd":
+    pw = torch.randn(12, 8, device="cuda")
+    ops.embedding(tok, w, pw, {pad}, 2.0, positions={positions})
+else:
+    grad = torch.randn(*tok.shape, 8, device="cuda")
+    torch.ops.fairseq_lightseq.embedding_bwd(grad, tok, {positions}, 10, {num_pos}, {pad}, 2.0, 0.1, 1, 0)
+torch.cuda.synchronize()
+print("NO ERROR")
+"""
+
+
 @pytest.mark.cuda
 @pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
-def test_cuda_bad_token_names_the_limit():
-    w = torch.randn(10, 8, device="cuda")
-    with pytest.raises(RuntimeError, match="token id 10 exceeds num_embeddings 10"):
-        ops.embedding(torch.tensor([[2, 10]], device="cuda"), w, None, PAD)
+@pytest.mark.parametrize("op", ["fwd", "bwd"])
+@pytest.mark.parametrize(
+    "tokens,positions,match",
+    [
+        ("[[2, 10]]", "None", "token id 10 exceeds num_embeddings 10"),
+        ("[[2, -3]]", "None", "token id -3 is negative"),
+        ("[[2, 3]]", "torch.tensor([[2, 12]], device='cuda')", "position 12 exceeds max positions 12"),
+    ],
+)
+def test_cuda_bad_token_names_the_limit(op, tokens, positions, match):
+    """On CUDA the ids are checked inside the kernels (a host-side check would sync the stream on every
+    call): a bad id prints the id and the limit and fails a device assert, which leaves the process's CUDA context unusable,
+    so the bad call runs in a child process whose output and exit status are checked."""
+    if positions == "None":
+        positions = "None" if op == "bwd" else "torch.tensor([[2, 3]], device='cuda')"
+    code = _BAD_ID_CHILD.format(tokens=tokens, positions=positions, op=op, pad=PAD,
+                                num_pos=0 if positions == "None" else 12)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+    out = r.stdout + r.stderr
+    assert r.returncode != 0 and "NO ERROR" not in out, out[-3000:]
+    assert match in out, out[-3000:]

@@ -1,33 +1,166 @@
-// Embedding forward (gather + scale + positions + dropout) and a deterministic backward: the wrapper sorts
-// the lookup keys (stable), and one thread per (segment, column) sums its segment's rows in sorted order.
+// Embedding forward (gather + scale + positions + dropout) and a deterministic backward: the wrapper
+// sorts the lookup keys (stable, on the device), and the first row of each run of equal keys sums the
+// run's grad rows in sorted order (one thread per column group), applying the dropout mask on the fly.
+// Token/position ids are range-checked in the kernels (printf + device assert), not on the host: a host check
+// needs a device->host copy, i.e. a stream sync per call.
+#include <cstdio>
+
 #include "dtype.cuh"
 #include "embedding.h"
 #include "fls/philox.h"
+
+// The device assert that check_id ends with (as PyTorch's CUDA_KERNEL_ASSERT_PRINTF does): glibc's
+// __assert_fail, which CUDA also provides on the device. <assert.h> declares it only without NDEBUG, so it
+// is declared here the way glibc does (the same declaration as torch/headeronly/macros/Macros.h).
+extern "C" {
+#if defined(__CUDA_ARCH__)
+__host__ __device__
+#endif
+    void
+    __assert_fail(const char* assertion, const char* file, unsigned int line, const char* function) noexcept
+    __attribute__((__noreturn__));
+}
 
 namespace fls {
 namespace cuda {
 namespace {
 
 constexpr int kFwdThreads = 128;
-constexpr int kSegThreads = 128;
+constexpr int kBwdThreads = 128;
 constexpr unsigned kMaxGrid = 65535u * 16u;
 
-// Each block handles rows (grid-stride); within a row, thread j handles the j-th 4-element Philox block
-// of the row's stream range [s0, s0 + dim), so one Philox call serves 4 elements (blocks straddling two
-// rows are computed by both rows, at most 2 extra calls per row).
+// Prints the bad id and the limit once per warp that meets it, then fails a device assert (as PyTorch's
+// embedding does: the kernel aborts and the next CUDA call of the process reports the error). Every
+// thread that meets a bad id stops there, so none of them reads or writes out of bounds. Not inlined and
+// noreturn: the kernels then keep no registers live across this cold call (no spills).
+[[noreturn]] __device__ __noinline__ void report_bad_id(int64_t id, int64_t limit, bool is_position) {
+  if ((threadIdx.x & 31) == static_cast<unsigned>(__ffs(__activemask()) - 1)) {
+    const char* what = is_position ? "position" : "token id";
+    const char* limit_name = is_position ? "max positions" : "num_embeddings";
+    if (id < 0) {
+      printf("embedding: %s %lld is negative\n", what, static_cast<long long>(id));
+    } else {
+      printf("embedding: %s %lld exceeds %s %lld (valid: 0..%lld)\n", what, static_cast<long long>(id), limit_name,
+             static_cast<long long>(limit), static_cast<long long>(limit - 1));
+    }
+  }
+  __assert_fail("embedding: id out of range (see the line above)", __FILE__, __LINE__, "report_bad_id");
+}
+
+__device__ __forceinline__ void check_id(int64_t id, int64_t limit, bool is_position) {
+  if (id < 0 || id >= limit) report_bad_id(id, limit, is_position);
+}
+
+// 16 bytes of T (kN elements) travel as one uint4; elements are taken from / put into its 32-bit words
+// with register moves only (same helpers as layer_norm.cu; both files keep theirs to stay standalone).
+template <typename T>
+struct Pack {
+  static constexpr int kN = 16 / sizeof(T);
+};
+
+__device__ __forceinline__ uint32_t word(const uint4& u, int i) {
+  return i == 0 ? u.x : (i == 1 ? u.y : (i == 2 ? u.z : u.w));
+}
+
+template <typename T>
+__device__ __forceinline__ float unpack(const uint4& u, int j);
+template <>
+__device__ __forceinline__ float unpack<float>(const uint4& u, int j) { return __uint_as_float(word(u, j)); }
+template <>
+__device__ __forceinline__ float unpack<__half>(const uint4& u, int j) {
+  return __half2float(__ushort_as_half(static_cast<unsigned short>(word(u, j >> 1) >> ((j & 1) * 16))));
+}
+template <>
+__device__ __forceinline__ float unpack<__nv_bfloat16>(const uint4& u, int j) {
+  return __bfloat162float(__ushort_as_bfloat16(static_cast<unsigned short>(word(u, j >> 1) >> ((j & 1) * 16))));
+}
+
+__device__ __forceinline__ uint32_t bits16(__half h) { return __half_as_ushort(h); }
+__device__ __forceinline__ uint32_t bits16(__nv_bfloat16 h) { return __bfloat16_as_ushort(h); }
+
+template <typename T>
+__device__ __forceinline__ uint4 pack(const float* f) {
+  if constexpr (sizeof(T) == 4) {
+    return make_uint4(__float_as_uint(f[0]), __float_as_uint(f[1]), __float_as_uint(f[2]), __float_as_uint(f[3]));
+  } else {
+    uint32_t w[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) w[i] = bits16(from_float<T>(f[2 * i])) | (bits16(from_float<T>(f[2 * i + 1])) << 16);
+    return make_uint4(w[0], w[1], w[2], w[3]);
+  }
+}
+
+// Fast forward (dim % kN == 0, weight/pos_weight/out 16-byte aligned, and with dropout d.offset % 4 == 0):
+// `tpr` threads (a power of two) per row, blockDim / tpr rows per block, 16-byte loads and stores. Pack v
+// of row r holds stream elements s = d.offset + r * dim + v * kN ... + kN - 1; s is a multiple of 4, so the
+// pack is exactly kN / 4 Philox groups starting at s / 4: one dropout_keep4 per 4 elements.
+template <typename T, bool kDrop, bool kPos>
+__global__ void __launch_bounds__(kFwdThreads)
+    emb_fwd_vec_kernel(const int64_t* __restrict__ tokens, const int64_t* __restrict__ positions,
+                       const T* __restrict__ weight, const T* __restrict__ pos_weight, T* __restrict__ out, int64_t n,
+                       int dim, int64_t num_embeddings, int64_t num_positions, int64_t padding_idx, float scale,
+                       DropoutParams d, int tpr) {
+  constexpr int N = Pack<T>::kN;
+  const int nvec = dim / N;
+  const int sub = threadIdx.x / tpr, lane = threadIdx.x % tpr;
+  const int rows_per_block = blockDim.x / tpr;
+  for (int64_t r = static_cast<int64_t>(blockIdx.x) * rows_per_block + sub; r < n;
+       r += static_cast<int64_t>(gridDim.x) * rows_per_block) {
+    const int64_t tok = tokens[r];
+    check_id(tok, num_embeddings, false);
+    const int64_t pos = kPos ? positions[r] : 0;
+    if (kPos) check_id(pos, num_positions, true);
+    uint4* o = reinterpret_cast<uint4*>(out + r * dim);
+    if (tok == padding_idx) {
+      for (int v = lane; v < nvec; v += tpr) o[v] = make_uint4(0u, 0u, 0u, 0u);
+      continue;
+    }
+    const uint4* wr = reinterpret_cast<const uint4*>(weight + tok * dim);
+    const uint4* pr = reinterpret_cast<const uint4*>(kPos ? pos_weight + pos * dim : weight);
+    const uint64_t row_group = (d.offset + static_cast<uint64_t>(r) * static_cast<uint64_t>(dim)) >> 2;
+    for (int v = lane; v < nvec; v += tpr) {
+      const uint4 wu = wr[v];
+      float f[N];
+#pragma unroll
+      for (int j = 0; j < N; ++j) f[j] = unpack<T>(wu, j) * scale;
+      if (kPos) {
+        const uint4 pu = pr[v];
+#pragma unroll
+        for (int j = 0; j < N; ++j) f[j] += unpack<T>(pu, j);
+      }
+      if (kDrop) {
+#pragma unroll
+        for (int q = 0; q < N / 4; ++q) {
+          const uint32_t bits = dropout_keep4(row_group + static_cast<uint64_t>(v) * (N / 4) + q, d);
+#pragma unroll
+          for (int k = 0; k < 4; ++k) f[4 * q + k] = ((bits >> k) & 1u) ? f[4 * q + k] * d.scale : 0.f;
+        }
+      }
+      o[v] = pack<T>(f);
+    }
+  }
+}
+
+// General forward (any dim, offset, alignment): a block per row (grid-stride); within a row, thread j
+// handles the j-th 4-element Philox group of the row's stream range [s0, s0 + dim), so one Philox call
+// serves 4 elements (groups straddling two rows are computed by both rows, at most 2 extra calls per row).
 template <typename T, bool kDrop, bool kPos>
 __global__ void emb_fwd_kernel(const int64_t* __restrict__ tokens, const int64_t* __restrict__ positions,
                                const T* __restrict__ weight, const T* __restrict__ pos_weight, T* __restrict__ out,
-                               int64_t n, int64_t dim, int64_t padding_idx, float scale, DropoutParams d) {
+                               int64_t n, int64_t dim, int64_t num_embeddings, int64_t num_positions,
+                               int64_t padding_idx, float scale, DropoutParams d) {
   for (int64_t r = blockIdx.x; r < n; r += gridDim.x) {
     T* o = out + r * dim;
     const int64_t tok = tokens[r];
+    check_id(tok, num_embeddings, false);
+    const int64_t pos = kPos ? positions[r] : 0;
+    if (kPos) check_id(pos, num_positions, true);
     if (tok == padding_idx) {
       for (int64_t c = threadIdx.x; c < dim; c += blockDim.x) o[c] = from_float<T>(0.f);
       continue;
     }
     const T* w = weight + tok * dim;
-    const T* p = kPos ? pos_weight + positions[r] * dim : nullptr;
+    const T* p = kPos ? pos_weight + pos * dim : nullptr;
     if (!kDrop) {
       for (int64_t c = threadIdx.x; c < dim; c += blockDim.x) {
         float v = to_float(w[c]) * scale;
@@ -54,91 +187,133 @@ __global__ void emb_fwd_kernel(const int64_t* __restrict__ tokens, const int64_t
   }
 }
 
-// gd[e] = grad[e] * factor(e) over the flat [n * dim] range, thread per 4-element Philox block.
-template <typename T>
-__global__ void emb_bwd_dropout_kernel(const T* __restrict__ grad, float* __restrict__ gd, int64_t numel,
-                                       DropoutParams d) {
-  const uint64_t g0 = d.offset >> 2;
-  const uint64_t ng = ((d.offset + static_cast<uint64_t>(numel) + 3) >> 2) - g0;
-  for (uint64_t j = static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x; j < ng;
-       j += static_cast<uint64_t>(gridDim.x) * blockDim.x) {
-    const uint32_t bits = dropout_keep4(g0 + j, d);
+// Backward of one table. grid (sorted positions i, grid-stride; column tiles); a thread owns V consecutive
+// columns c0 .. c0 + V - 1. Only the block at the first position of a run of equal keys works: it walks
+// the run in sorted (= row) order. V == 4 needs dim % 4 == 0 and d.offset % 4 == 0: the 4 columns are then
+// one Philox group (one dropout_keep4 per row visited); V == 1 is the general case (one call per element).
+template <typename T, bool kDrop, int V>
+__global__ void __launch_bounds__(kBwdThreads)
+    emb_bwd_kernel(const T* __restrict__ grad, const int64_t* __restrict__ sorted_keys,
+                   const int64_t* __restrict__ order, int64_t n, int64_t dim, int64_t num_rows, bool is_position,
+                   float mult, DropoutParams d, T* __restrict__ out) {
+  const int64_t c0 = (static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x) * V;
+  for (int64_t i = blockIdx.x; i < n; i += gridDim.x) {
+    const int64_t key = sorted_keys[i];
+    if (key == kNoGradKey || (i > 0 && sorted_keys[i - 1] == key)) continue;
+    check_id(key, num_rows, is_position);
+    if (c0 >= dim) continue;
+    int64_t end = i + 1;
+    while (end < n && sorted_keys[end] == key) ++end;
+    float acc[V];
 #pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      const uint64_t s = ((g0 + j) << 2) + k;
-      if (s < d.offset || s >= d.offset + static_cast<uint64_t>(numel)) continue;
-      const int64_t e = static_cast<int64_t>(s - d.offset);
-      gd[e] = ((bits >> k) & 1u) ? to_float(grad[e]) * d.scale : 0.f;
+    for (int k = 0; k < V; ++k) acc[k] = 0.f;
+#pragma unroll 4
+    for (int64_t j = i; j < end; ++j) {
+      const int64_t e = order[j] * dim + c0;  // flat element index of (row, c0)
+      const T* g = grad + e;
+      if (!kDrop) {
+#pragma unroll
+        for (int k = 0; k < V; ++k) acc[k] += to_float(g[k]);
+      } else if (V == 4) {
+        const uint32_t bits = dropout_keep4((d.offset + static_cast<uint64_t>(e)) >> 2, d);
+#pragma unroll
+        for (int k = 0; k < V; ++k) acc[k] += ((bits >> k) & 1u) ? to_float(g[k]) * d.scale : 0.f;
+      } else {
+        acc[0] += dropout_keep(static_cast<uint64_t>(e), d) ? to_float(g[0]) * d.scale : 0.f;
+      }
     }
+    T* o = out + key * dim + c0;
+#pragma unroll
+    for (int k = 0; k < V; ++k) o[k] = from_float<T>(acc[k] * mult);
   }
 }
 
-// grid (segments, column tiles); a thread owns one column of one segment and sums its rows in order.
-template <typename T, typename S>
-__global__ void emb_bwd_segment_kernel(const S* __restrict__ src, const int64_t* __restrict__ sorted_rows,
-                                       const int64_t* __restrict__ seg_offsets, const int64_t* __restrict__ seg_keys,
-                                       int64_t num_segments, T* __restrict__ out, int64_t dim, float mult) {
-  const int64_t c = static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x;
-  if (c >= dim) return;
-  for (int64_t s = blockIdx.x; s < num_segments; s += gridDim.x) {
-    const int64_t key = seg_keys[s];
-    if (key < 0) continue;
-    float acc = 0.f;
-    for (int64_t i = seg_offsets[s], e = seg_offsets[s + 1]; i < e; ++i) acc += to_float(src[sorted_rows[i] * dim + c]);
-    out[key * dim + c] = from_float<T>(acc * mult);
+bool aligned16(const void* p) { return p == nullptr || reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+int pow2_at_least(int64_t v, int cap) {
+  int p = 1;
+  while (p < v && p < cap) p *= 2;
+  return p;
+}
+
+template <typename T>
+void launch_fwd(const int64_t* tokens, const int64_t* positions, const T* weight, const T* pos_weight, T* out,
+                int64_t n, int64_t dim, int64_t num_embeddings, int64_t num_positions, int64_t padding_idx,
+                float scale, DropoutParams d, cudaStream_t st) {
+  constexpr int N = Pack<T>::kN;
+  const bool drop = d.threshold != 0, pos = pos_weight != nullptr;
+  const bool fast = dim % N == 0 && dim <= (int64_t{1} << 30) && aligned16(weight) && aligned16(pos_weight) &&
+                    aligned16(out) && (!drop || d.offset % 4 == 0);
+  if (fast) {
+    const int tpr = pow2_at_least(dim / N, kFwdThreads);
+    const int64_t rows_per_block = kFwdThreads / tpr;
+    const int64_t blocks = (n + rows_per_block - 1) / rows_per_block;
+    const unsigned grid = static_cast<unsigned>(blocks < kMaxGrid ? blocks : kMaxGrid);
+    const int dm = static_cast<int>(dim);
+#define FLS_EMB_FWD_VEC(DROP, POS)                                                                          \
+  emb_fwd_vec_kernel<T, DROP, POS><<<grid, kFwdThreads, 0, st>>>(tokens, positions, weight, pos_weight, out, n, \
+                                                                 dm, num_embeddings, num_positions,           \
+                                                                 padding_idx, scale, d, tpr)
+    if (drop && pos) FLS_EMB_FWD_VEC(true, true);
+    else if (drop) FLS_EMB_FWD_VEC(true, false);
+    else if (pos) FLS_EMB_FWD_VEC(false, true);
+    else FLS_EMB_FWD_VEC(false, false);
+#undef FLS_EMB_FWD_VEC
+    return;
   }
+  const unsigned grid = static_cast<unsigned>(n < kMaxGrid ? n : kMaxGrid);
+#define FLS_EMB_FWD(DROP, POS)                                                                                 \
+  emb_fwd_kernel<T, DROP, POS><<<grid, kFwdThreads, 0, st>>>(tokens, positions, weight, pos_weight, out, n, dim, \
+                                                             num_embeddings, num_positions, padding_idx, scale, d)
+  if (drop && pos) FLS_EMB_FWD(true, true);
+  else if (drop) FLS_EMB_FWD(true, false);
+  else if (pos) FLS_EMB_FWD(false, true);
+  else FLS_EMB_FWD(false, false);
+#undef FLS_EMB_FWD
+}
+
+template <typename T, int V>
+int launch_bwd_v(const T* grad, const int64_t* sorted_keys, const int64_t* order, int64_t n, int64_t dim,
+                 int64_t num_rows, bool is_position, float mult, DropoutParams d, T* out, cudaStream_t st) {
+  const int64_t tiles = (dim + int64_t{kBwdThreads} * V - 1) / (int64_t{kBwdThreads} * V);
+  if (tiles > 65535) return static_cast<int>(cudaErrorInvalidValue);
+  const dim3 grid(static_cast<unsigned>(n < kMaxGrid ? n : kMaxGrid), static_cast<unsigned>(tiles));
+  if (d.threshold != 0) {
+    emb_bwd_kernel<T, true, V><<<grid, kBwdThreads, 0, st>>>(grad, sorted_keys, order, n, dim, num_rows,
+                                                              is_position, mult, d, out);
+  } else {
+    emb_bwd_kernel<T, false, V><<<grid, kBwdThreads, 0, st>>>(grad, sorted_keys, order, n, dim, num_rows,
+                                                               is_position, mult, d, out);
+  }
+  return 0;
 }
 
 }  // namespace
 
 int embedding_fwd(DType dt, const int64_t* tokens, const int64_t* positions, const void* weight,
-                  const void* pos_weight, void* out, int64_t n, int64_t dim, int64_t padding_idx, double scale,
-                  DropoutParams d, void* stream) {
+                  const void* pos_weight, void* out, int64_t n, int64_t dim, int64_t num_embeddings,
+                  int64_t num_positions, int64_t padding_idx, double scale, DropoutParams d, void* stream) {
+  if (n == 0 || dim == 0) return 0;
+  FLS_CUDA_DISPATCH(dt, launch_fwd<scalar_t>(tokens, positions, static_cast<const scalar_t*>(weight),
+                                             static_cast<const scalar_t*>(pos_weight), static_cast<scalar_t*>(out),
+                                             n, dim, num_embeddings, num_positions, padding_idx,
+                                             static_cast<float>(scale), d, static_cast<cudaStream_t>(stream)));
+  FLS_CUDA_RETURN_LAST_ERROR();
+}
+
+int embedding_bwd_table(DType dt, const void* grad, const int64_t* sorted_keys, const int64_t* order, int64_t n,
+                        int64_t dim, int64_t num_rows, bool keys_are_positions, double mult, DropoutParams d,
+                        void* out, void* stream) {
   if (n == 0 || dim == 0) return 0;
   auto st = static_cast<cudaStream_t>(stream);
-  const unsigned grid = static_cast<unsigned>(n < kMaxGrid ? n : kMaxGrid);
-  const bool drop = d.threshold != 0, pos = pos_weight != nullptr;
-  const float sc = static_cast<float>(scale);
-#define FLS_EMB_FWD(DROP, POS)                                                                          \
-  emb_fwd_kernel<scalar_t, DROP, POS><<<grid, kFwdThreads, 0, st>>>(                                   \
-      tokens, positions, static_cast<const scalar_t*>(weight), static_cast<const scalar_t*>(pos_weight), \
-      static_cast<scalar_t*>(out), n, dim, padding_idx, sc, d)
-  FLS_CUDA_DISPATCH(dt, if (drop && pos) FLS_EMB_FWD(true, true); else if (drop) FLS_EMB_FWD(true, false);
-                    else if (pos) FLS_EMB_FWD(false, true); else FLS_EMB_FWD(false, false));
-#undef FLS_EMB_FWD
-  FLS_CUDA_RETURN_LAST_ERROR();
-}
-
-int embedding_bwd_dropout(DType dt, const void* grad, float* gd, int64_t n, int64_t dim, DropoutParams d,
-                          void* stream) {
-  const int64_t numel = n * dim;
-  if (numel == 0) return 0;
-  auto st = static_cast<cudaStream_t>(stream);
-  const int grid = grid_1d((numel + 3) / 4 + 1, 256);
-  FLS_CUDA_DISPATCH(dt, emb_bwd_dropout_kernel<scalar_t><<<grid, 256, 0, st>>>(
-                            static_cast<const scalar_t*>(grad), gd, numel, d));
-  FLS_CUDA_RETURN_LAST_ERROR();
-}
-
-int embedding_bwd_segments(DType dt, const void* src, bool src_is_float, const int64_t* sorted_rows,
-                           const int64_t* seg_offsets, const int64_t* seg_keys, int64_t num_segments, void* out,
-                           int64_t dim, double mult, void* stream) {
-  if (num_segments == 0 || dim == 0) return 0;
-  auto st = static_cast<cudaStream_t>(stream);
-  const unsigned tiles = static_cast<unsigned>((dim + kSegThreads - 1) / kSegThreads);
-  if (tiles > 65535u) return static_cast<int>(cudaErrorInvalidValue);
-  const dim3 grid(static_cast<unsigned>(num_segments < kMaxGrid ? num_segments : kMaxGrid), tiles);
+  const bool v4 = dim % 4 == 0 && (d.threshold == 0 || d.offset % 4 == 0);
   const float m = static_cast<float>(mult);
+  int err = 0;
   FLS_CUDA_DISPATCH(
-      dt, if (src_is_float) {
-        emb_bwd_segment_kernel<scalar_t, float><<<grid, kSegThreads, 0, st>>>(
-            static_cast<const float*>(src), sorted_rows, seg_offsets, seg_keys, num_segments,
-            static_cast<scalar_t*>(out), dim, m);
-      } else {
-        emb_bwd_segment_kernel<scalar_t, scalar_t><<<grid, kSegThreads, 0, st>>>(
-            static_cast<const scalar_t*>(src), sorted_rows, seg_offsets, seg_keys, num_segments,
-            static_cast<scalar_t*>(out), dim, m);
-      });
+      dt, using T = scalar_t; const T* g = static_cast<const T*>(grad); T* o = static_cast<T*>(out);
+      err = v4 ? launch_bwd_v<T, 4>(g, sorted_keys, order, n, dim, num_rows, keys_are_positions, m, d, o, st)
+               : launch_bwd_v<T, 1>(g, sorted_keys, order, n, dim, num_rows, keys_are_positions, m, d, o, st));
+  if (err != 0) return err;
   FLS_CUDA_RETURN_LAST_ERROR();
 }
 

@@ -9,25 +9,27 @@ namespace fls {
 namespace cuda {
 
 // out[r, :] = dropout(scale * weight[tokens[r], :] + pos_weight[positions[r], :]), zeros where
-// tokens[r] == padding_idx; dropout element index r * dim + c. tokens, positions: [n] int64, range-checked
-// by the caller (positions unused when pos_weight is null); weight, pos_weight: [*, dim] dt; out: [n, dim] dt.
+// tokens[r] == padding_idx; dropout element index r * dim + c. tokens, positions: [n] int64 (positions
+// unused when pos_weight is null); weight: [num_embeddings, dim] dt, pos_weight: [num_positions, dim] dt;
+// out: [n, dim] dt. Ids are range-checked on the device (no host sync): an id outside [0, limit) prints
+// "embedding: token id <id> exceeds num_embeddings <limit> ..." (or "position ... max positions ...",
+// "... is negative") and fails a device assert, so the next CUDA call of the process fails.
 int embedding_fwd(DType dt, const int64_t* tokens, const int64_t* positions, const void* weight,
-                  const void* pos_weight, void* out, int64_t n, int64_t dim, int64_t padding_idx, double scale,
-                  DropoutParams d, void* stream);
+                  const void* pos_weight, void* out, int64_t n, int64_t dim, int64_t num_embeddings,
+                  int64_t num_positions, int64_t padding_idx, double scale, DropoutParams d, void* stream);
 
-// gd[r, c] = grad[r, c] * dropout factor of element r * dim + c (float32), so that the segment sums
-// below need no random numbers. grad: [n, dim] dt; gd: [n, dim] float32.
-int embedding_bwd_dropout(DType dt, const void* grad, float* gd, int64_t n, int64_t dim, DropoutParams d,
-                          void* stream);
+// Key value that marks a row giving no gradient (a pad token) in embedding_bwd_table's sorted keys.
+constexpr int64_t kNoGradKey = INT64_MAX;
 
-// out[seg_keys[s], :] = mult * sum_{i in [seg_offsets[s], seg_offsets[s+1])} src[sorted_rows[i], :], summed
-// in i order (deterministic), for segments with seg_keys[s] >= 0 (a negative key marks rows that give no
-// gradient, e.g. pad tokens). src: [n, dim], dt storage or float32 when src_is_float; sorted_rows: [n] int64;
-// seg_offsets: [num_segments + 1] int64; seg_keys: [num_segments] int64; out: [*, dim] dt, zero-filled by the
-// caller (rows no segment names stay zero).
-int embedding_bwd_segments(DType dt, const void* src, bool src_is_float, const int64_t* sorted_rows,
-                           const int64_t* seg_offsets, const int64_t* seg_keys, int64_t num_segments, void* out,
-                           int64_t dim, double mult, void* stream);
+// Gradient of one table: out[k, :] = mult * sum over rows r with key[r] == k, in increasing r, of
+// grad[r, :] * dropout factor of element r * dim + c (deterministic: fixed order, no atomics).
+// sorted_keys, order: [n] int64, a STABLE ascending sort of the keys (order[i] = row of the i-th key), pad
+// rows keyed kNoGradKey (skipped); grad: [n, dim] dt; out: [num_rows, dim] dt, zero-filled by the caller
+// (rows no key names stay zero). A key outside [0, num_rows) prints the id and the limit and fails a device assert
+// (keys_are_positions picks the wording).
+int embedding_bwd_table(DType dt, const void* grad, const int64_t* sorted_keys, const int64_t* order, int64_t n,
+                        int64_t dim, int64_t num_rows, bool keys_are_positions, double mult, DropoutParams d,
+                        void* out, void* stream);
 
 }  // namespace cuda
 }  // namespace fls

@@ -1,5 +1,11 @@
-// Layer norm forward/backward. One block per row for the row-wise work; the weight/bias gradients
-// are column sums done in two deterministic steps (fixed row chunks, then a fixed-order sum).
+// Layer norm forward/backward.
+// Fast path (cols % (16 / sizeof(T)) == 0, cols <= kMaxFastCols, every pointer 16-byte aligned): one warp
+// per row with the row held in registers and 16-byte vector accesses, so the forward reads x once and
+// writes y once; the backward reads dy and x once, writes dx, and accumulates the dweight/dbias partial
+// sums of its chunk of rows in the same kernel (no second pass over dy and x).
+// General path (any other shape): one block per row, and a separate column-partial kernel.
+// Both paths finish the weight/bias gradients with the same deterministic column sum: the rows are cut
+// into chunks from the shape alone, each chunk is summed in a fixed order, then the chunks in order.
 #include "dtype.cuh"
 #include "layer_norm.h"
 
@@ -7,9 +13,224 @@ namespace fls {
 namespace cuda {
 namespace {
 
-constexpr int kRowThreads = 256;
-constexpr int kColThreads = 256;
-constexpr int kRowsPerChunk = 64;
+constexpr int kRowThreads = 256;  // general path: threads per row block
+constexpr int kColThreads = 256;  // general path: column-partial kernel
+constexpr int kRowsPerChunk = 64;  // general path: rows per column-partial chunk
+constexpr int kWarps = 4;          // fast path: warps (rows in flight) per block
+constexpr int kMaxFastCols = 1024;  // fast path: row length bound (registers and shared memory)
+constexpr int kMaxElemsPerLane = 32;  // fast path: register bound, elements of a row per lane
+constexpr int64_t kTargetChunks = 1024;  // fast backward: about this many row chunks (blocks)
+constexpr int64_t kMinRowsPerChunk = 2 * kWarps;
+constexpr int kFinalCols = 32, kFinalGroups = 16;  // final column-sum kernel block shape
+
+// 16 bytes of T (kN elements) travel as one uint4: the unit of the fast path's vector loads and stores.
+// Elements are unpacked from / packed into its 32-bit words with register moves only (j is a
+// compile-time constant after unrolling), so the pack never goes through local memory.
+template <typename T>
+struct Pack {
+  static constexpr int kN = 16 / sizeof(T);
+};
+
+__device__ __forceinline__ uint32_t word(const uint4& u, int i) {
+  return i == 0 ? u.x : (i == 1 ? u.y : (i == 2 ? u.z : u.w));
+}
+
+template <typename T>
+__device__ __forceinline__ float unpack(const uint4& u, int j);
+template <>
+__device__ __forceinline__ float unpack<float>(const uint4& u, int j) { return __uint_as_float(word(u, j)); }
+template <>
+__device__ __forceinline__ float unpack<__half>(const uint4& u, int j) {
+  return __half2float(__ushort_as_half(static_cast<unsigned short>(word(u, j >> 1) >> ((j & 1) * 16))));
+}
+template <>
+__device__ __forceinline__ float unpack<__nv_bfloat16>(const uint4& u, int j) {
+  return __bfloat162float(__ushort_as_bfloat16(static_cast<unsigned short>(word(u, j >> 1) >> ((j & 1) * 16))));
+}
+
+__device__ __forceinline__ uint32_t bits16(__half h) { return __half_as_ushort(h); }
+__device__ __forceinline__ uint32_t bits16(__nv_bfloat16 h) { return __bfloat16_as_ushort(h); }
+
+// The kN floats f rounded once to T and packed in element order.
+template <typename T>
+__device__ __forceinline__ uint4 pack(const float* f) {
+  if constexpr (sizeof(T) == 4) {
+    return make_uint4(__float_as_uint(f[0]), __float_as_uint(f[1]), __float_as_uint(f[2]), __float_as_uint(f[3]));
+  } else {
+    uint32_t w[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) w[i] = bits16(from_float<T>(f[2 * i])) | (bits16(from_float<T>(f[2 * i + 1])) << 16);
+    return make_uint4(w[0], w[1], w[2], w[3]);
+  }
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Fast path. Lane `lane` of the warp owns the packs v = lane + 32 * k (k < NV) of the row, i.e. the
+// elements [v * kN, v * kN + kN); packs with v >= cols / kN are absent (NV is cols rounded up).
+
+template <typename T, int NV>
+__global__ void __launch_bounds__(kWarps * 32) ln_fwd_warp_kernel(const T* __restrict__ x, const T* __restrict__ w,
+                                                                   const T* __restrict__ b, T* __restrict__ y,
+                                                                   float* __restrict__ mean, float* __restrict__ rstd,
+                                                                   int64_t rows, int cols, float eps) {
+  constexpr int N = Pack<T>::kN;
+  const int lane = threadIdx.x & 31;
+  const int nvec = cols / N;
+  const float inv_n = 1.f / static_cast<float>(cols);
+  uint4 wv[NV], bv[NV];
+#pragma unroll
+  for (int k = 0; k < NV; ++k) {
+    const int v = lane + 32 * k;
+    if (v < nvec) {
+      wv[k] = reinterpret_cast<const uint4*>(w)[v];
+      bv[k] = reinterpret_cast<const uint4*>(b)[v];
+    }
+  }
+  for (int64_t row = static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5); row < rows;
+       row += static_cast<int64_t>(gridDim.x) * kWarps) {
+    const uint4* xr = reinterpret_cast<const uint4*>(x + row * cols);
+    float xf[NV][N];
+    float s = 0.f;
+#pragma unroll
+    for (int k = 0; k < NV; ++k) {
+      const int v = lane + 32 * k;
+      const uint4 u = v < nvec ? xr[v] : make_uint4(0u, 0u, 0u, 0u);  // absent packs count as 0
+#pragma unroll
+      for (int j = 0; j < N; ++j) {
+        xf[k][j] = unpack<T>(u, j);
+        s += xf[k][j];
+      }
+    }
+    const float mu = warp_sum(s) * inv_n;
+    float sq = 0.f;
+#pragma unroll
+    for (int k = 0; k < NV; ++k) {
+      if (lane + 32 * k < nvec) {
+#pragma unroll
+        for (int j = 0; j < N; ++j) {
+          const float d = xf[k][j] - mu;
+          sq += d * d;
+        }
+      }
+    }
+    const float rs = rsqrtf(warp_sum(sq) * inv_n + eps);
+    uint4* yr = reinterpret_cast<uint4*>(y + row * cols);
+#pragma unroll
+    for (int k = 0; k < NV; ++k) {
+      const int v = lane + 32 * k;
+      if (v < nvec) {
+        float o[N];
+#pragma unroll
+        for (int j = 0; j < N; ++j) o[j] = (xf[k][j] - mu) * rs * unpack<T>(wv[k], j) + unpack<T>(bv[k], j);
+        yr[v] = pack<T>(o);
+      }
+    }
+    if (lane == 0) {
+      mean[row] = mu;
+      rstd[row] = rs;
+    }
+  }
+}
+
+// Block `chunk` handles rows [chunk * rows_per_chunk, +rows_per_chunk): warp w takes rows w, w + kWarps, ...
+// of the chunk (fixed order), computes dx and accumulates dy * xhat and dy per column in registers; the
+// warps' sums are then added in warp order and written once as the chunk's partial row pw/pb[chunk, :].
+template <typename T, int NV>
+__global__ void __launch_bounds__(kWarps * 32, 1) ln_bwd_warp_kernel(const T* __restrict__ dy, const T* __restrict__ x,
+                                                                   const T* __restrict__ w,
+                                                                   const float* __restrict__ mean,
+                                                                   const float* __restrict__ rstd,
+                                                                   T* __restrict__ dx, float* __restrict__ pw,
+                                                                   float* __restrict__ pb, int64_t rows, int cols,
+                                                                   int64_t rows_per_chunk) {
+  constexpr int N = Pack<T>::kN;
+  __shared__ float red[kWarps][kMaxFastCols];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int nvec = cols / N;
+  const float inv_n = 1.f / static_cast<float>(cols);
+  const int64_t chunk = blockIdx.x;
+  const int64_t r0 = chunk * rows_per_chunk;
+  const int64_t r1 = r0 + rows_per_chunk < rows ? r0 + rows_per_chunk : rows;
+  uint4 wv[NV];
+  float aw[NV][N], ab[NV][N];
+#pragma unroll
+  for (int k = 0; k < NV; ++k) {
+    const int v = lane + 32 * k;
+    wv[k] = v < nvec ? reinterpret_cast<const uint4*>(w)[v] : make_uint4(0u, 0u, 0u, 0u);
+#pragma unroll
+    for (int j = 0; j < N; ++j) aw[k][j] = ab[k][j] = 0.f;
+  }
+  for (int64_t row = r0 + warp; row < r1; row += kWarps) {
+    const uint4* dyr = reinterpret_cast<const uint4*>(dy + row * cols);
+    const uint4* xr = reinterpret_cast<const uint4*>(x + row * cols);
+    const float mu = mean[row], rs = rstd[row];
+    uint4 gv[NV], xv[NV];
+    float sg = 0.f, sgx = 0.f;
+#pragma unroll
+    for (int k = 0; k < NV; ++k) {
+      const int v = lane + 32 * k;
+      // Absent packs read as 0: they add nothing to the sums and are never stored.
+      gv[k] = v < nvec ? dyr[v] : make_uint4(0u, 0u, 0u, 0u);
+      xv[k] = v < nvec ? xr[v] : make_uint4(0u, 0u, 0u, 0u);
+#pragma unroll
+      for (int j = 0; j < N; ++j) {
+        const float d = unpack<T>(gv[k], j);
+        const float xh = (unpack<T>(xv[k], j) - mu) * rs;
+        const float g = d * unpack<T>(wv[k], j);
+        sg += g;
+        sgx += g * xh;
+        aw[k][j] += d * xh;
+        ab[k][j] += d;
+      }
+    }
+    sg = warp_sum(sg) * inv_n;
+    sgx = warp_sum(sgx) * inv_n;
+    uint4* dxr = reinterpret_cast<uint4*>(dx + row * cols);
+#pragma unroll
+    for (int k = 0; k < NV; ++k) {
+      const int v = lane + 32 * k;
+      if (v < nvec) {
+        float o[N];
+#pragma unroll
+        for (int j = 0; j < N; ++j) {
+          const float g = unpack<T>(gv[k], j) * unpack<T>(wv[k], j);
+          const float xh = (unpack<T>(xv[k], j) - mu) * rs;
+          o[j] = rs * (g - sg - xh * sgx);
+        }
+        dxr[v] = pack<T>(o);
+      }
+    }
+  }
+  // Two rounds through the shared buffer: dweight partials, then dbias partials.
+#pragma unroll
+  for (int round = 0; round < 2; ++round) {
+#pragma unroll
+    for (int k = 0; k < NV; ++k) {
+      const int v = lane + 32 * k;
+      if (v < nvec) {
+#pragma unroll
+        for (int j = 0; j < N; ++j) red[warp][v * N + j] = round == 0 ? aw[k][j] : ab[k][j];
+      }
+    }
+    __syncthreads();
+    float* out = (round == 0 ? pw : pb) + chunk * cols;
+    for (int c = threadIdx.x; c < cols; c += blockDim.x) {
+      float s = 0.f;
+#pragma unroll
+      for (int q = 0; q < kWarps; ++q) s += red[q][c];
+      out[c] = s;
+    }
+    __syncthreads();  // the buffer is rewritten by the next round
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------
+// General path (any cols, any alignment).
 
 template <typename T>
 __global__ void ln_fwd_kernel(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ b,
@@ -81,55 +302,153 @@ __global__ void ln_bwd_partial_kernel(const T* __restrict__ dy, const T* __restr
   pb[blockIdx.y * cols + c] = sb;
 }
 
+// ---------------------------------------------------------------------------------------------------
+// dw[c] = sum_k pw[k, c], db likewise, for both paths. Block (kFinalCols columns x kFinalGroups groups):
+// group g sums the chunks g, g + kFinalGroups, ... in order, then the groups are added in order, so the
+// result depends only on the chunk count (shape), never on timing.
 template <typename T>
-__global__ void ln_bwd_final_kernel(const float* __restrict__ pw, const float* __restrict__ pb, T* __restrict__ dw,
-                                    T* __restrict__ db, int64_t chunks, int64_t cols) {
-  const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (c >= cols) return;
+__global__ void __launch_bounds__(kFinalCols* kFinalGroups)
+    ln_bwd_final_kernel(const float* __restrict__ pw, const float* __restrict__ pb, T* __restrict__ dw,
+                        T* __restrict__ db, int64_t chunks, int64_t cols) {
+  __shared__ float sw_s[kFinalGroups][kFinalCols], sb_s[kFinalGroups][kFinalCols];
+  const int tc = threadIdx.x % kFinalCols, g = threadIdx.x / kFinalCols;
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * kFinalCols + tc;
   float sw = 0.f, sb = 0.f;
-  for (int64_t k = 0; k < chunks; ++k) {
-    sw += pw[k * cols + c];
-    sb += pb[k * cols + c];
+  if (c < cols) {
+    // Unrolled so that several chunk loads are in flight (the adds stay in k order).
+#pragma unroll 8
+    for (int64_t k = g; k < chunks; k += kFinalGroups) {
+      sw += pw[k * cols + c];
+      sb += pb[k * cols + c];
+    }
   }
-  dw[c] = from_float<T>(sw);
-  db[c] = from_float<T>(sb);
+  sw_s[g][tc] = sw;
+  sb_s[g][tc] = sb;
+  __syncthreads();
+  if (g == 0 && c < cols) {
+    float tw = 0.f, tb = 0.f;
+#pragma unroll
+    for (int q = 0; q < kFinalGroups; ++q) {
+      tw += sw_s[q][tc];
+      tb += sb_s[q][tc];
+    }
+    dw[c] = from_float<T>(tw);
+    db[c] = from_float<T>(tb);
+  }
 }
 
-int64_t num_chunks(int64_t rows) { return (rows + kRowsPerChunk - 1) / kRowsPerChunk; }
+int64_t general_chunks(int64_t rows) { return (rows + kRowsPerChunk - 1) / kRowsPerChunk; }
+
+// Fast backward chunking: from the shape only (deterministic); at most kTargetChunks chunks.
+int64_t fast_rows_per_chunk(int64_t rows) {
+  const int64_t r = (rows + kTargetChunks - 1) / kTargetChunks;
+  return r < kMinRowsPerChunk ? kMinRowsPerChunk : r;
+}
+int64_t fast_chunks(int64_t rows) {
+  const int64_t r = fast_rows_per_chunk(rows);
+  return (rows + r - 1) / r;
+}
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// Packs per lane for the fast path: NV = smallest power of two with 32 * NV * kN >= cols; 0 = no fast path.
+template <typename T>
+int fast_nv(int64_t cols) {
+  constexpr int N = Pack<T>::kN;
+  if (cols > kMaxFastCols || cols % N != 0) return 0;
+  int nv = 1;
+  while (32 * nv * N < cols) nv *= 2;
+  return nv * N <= kMaxElemsPerLane ? nv : 0;
+}
+
+// Calls f(std::integral_constant<int, NV>) for the runtime nv; instantiates only register-safe NVs.
+template <typename T, typename F>
+void with_nv(int nv, F&& f) {
+  constexpr int N = Pack<T>::kN;
+  switch (nv) {
+    case 1: f(std::integral_constant<int, 1>()); break;
+    case 2: f(std::integral_constant<int, 2>()); break;
+    case 4:
+      if constexpr (4 * N <= kMaxElemsPerLane) f(std::integral_constant<int, 4>());
+      break;
+    case 8:
+      if constexpr (8 * N <= kMaxElemsPerLane) f(std::integral_constant<int, 8>());
+      break;
+    default: break;
+  }
+}
+
+template <typename T>
+void launch_fwd(const T* x, const T* w, const T* b, T* y, float* mean, float* rstd, int64_t rows, int64_t cols,
+                float eps, cudaStream_t s) {
+  const int nv = fast_nv<T>(cols);
+  if (nv > 0 && aligned16(x) && aligned16(w) && aligned16(b) && aligned16(y)) {
+    const int64_t blocks = (rows + kWarps - 1) / kWarps;
+    const unsigned grid = static_cast<unsigned>(blocks < (1 << 20) ? blocks : (1 << 20));
+    with_nv<T>(nv, [&](auto c) {
+      ln_fwd_warp_kernel<T, decltype(c)::value>
+          <<<grid, kWarps * 32, 0, s>>>(x, w, b, y, mean, rstd, rows, static_cast<int>(cols), eps);
+    });
+    return;
+  }
+  ln_fwd_kernel<T><<<static_cast<unsigned>(rows), kRowThreads, 0, s>>>(x, w, b, y, mean, rstd, cols, eps);
+}
+
+template <typename T>
+void launch_bwd(const T* dy, const T* x, const T* w, const float* mean, const float* rstd, T* dx, T* dw, T* db,
+                float* workspace, int64_t rows, int64_t cols, cudaStream_t s) {
+  const int nv = fast_nv<T>(cols);
+  int64_t chunks = 0;
+  float* pw = workspace;
+  float* pb = nullptr;
+  if (rows > 0 && nv > 0 && aligned16(dy) && aligned16(x) && aligned16(w) && aligned16(dx)) {
+    chunks = fast_chunks(rows);
+    pb = workspace + chunks * cols;
+    const int64_t rpc = fast_rows_per_chunk(rows);
+    with_nv<T>(nv, [&](auto c) {
+      ln_bwd_warp_kernel<T, decltype(c)::value><<<static_cast<unsigned>(chunks), kWarps * 32, 0, s>>>(
+          dy, x, w, mean, rstd, dx, pw, pb, rows, static_cast<int>(cols), rpc);
+    });
+  } else {
+    chunks = rows > 0 ? general_chunks(rows) : 0;
+    pb = workspace + chunks * cols;
+    if (rows > 0) {
+      const unsigned col_tiles = static_cast<unsigned>((cols + kColThreads - 1) / kColThreads);
+      ln_bwd_dx_kernel<T><<<static_cast<unsigned>(rows), kRowThreads, 0, s>>>(dy, x, w, mean, rstd, dx, cols);
+      ln_bwd_partial_kernel<T><<<dim3(col_tiles, static_cast<unsigned>(chunks)), kColThreads, 0, s>>>(
+          dy, x, mean, rstd, pw, pb, rows, cols);
+    }
+  }
+  const unsigned final_tiles = static_cast<unsigned>((cols + kFinalCols - 1) / kFinalCols);
+  ln_bwd_final_kernel<T><<<final_tiles, kFinalCols * kFinalGroups, 0, s>>>(pw, pb, dw, db, chunks, cols);
+}
 
 }  // namespace
 
 int layer_norm_fwd(DType dt, const void* x, const void* weight, const void* bias, void* y, float* mean, float* rstd,
                    int64_t rows, int64_t cols, double eps, void* stream) {
   if (rows == 0) return 0;
-  auto s = static_cast<cudaStream_t>(stream);
-  FLS_CUDA_DISPATCH(dt, ln_fwd_kernel<scalar_t><<<static_cast<unsigned>(rows), kRowThreads, 0, s>>>(
-                            static_cast<const scalar_t*>(x), static_cast<const scalar_t*>(weight),
-                            static_cast<const scalar_t*>(bias), static_cast<scalar_t*>(y), mean, rstd, cols,
-                            static_cast<float>(eps)));
+  FLS_CUDA_DISPATCH(dt, launch_fwd<scalar_t>(static_cast<const scalar_t*>(x), static_cast<const scalar_t*>(weight),
+                                             static_cast<const scalar_t*>(bias), static_cast<scalar_t*>(y), mean,
+                                             rstd, rows, cols, static_cast<float>(eps),
+                                             static_cast<cudaStream_t>(stream)));
   FLS_CUDA_RETURN_LAST_ERROR();
 }
 
-int64_t layer_norm_bwd_workspace(int64_t rows, int64_t cols) { return 2 * num_chunks(rows) * cols; }
+// Enough for either path (the launcher picks the path from dtype and alignment, unknown here).
+int64_t layer_norm_bwd_workspace(int64_t rows, int64_t cols) {
+  const int64_t a = general_chunks(rows), b = fast_chunks(rows);
+  return 2 * (a > b ? a : b) * cols;
+}
 
 int layer_norm_bwd(DType dt, const void* dy, const void* x, const void* weight, const float* mean,
                    const float* rstd, void* dx, void* dweight, void* dbias, float* workspace, int64_t rows,
                    int64_t cols, void* stream) {
-  auto s = static_cast<cudaStream_t>(stream);
-  const int64_t chunks = num_chunks(rows);
-  const unsigned col_tiles = static_cast<unsigned>((cols + kColThreads - 1) / kColThreads);
-  float* pw = workspace;
-  float* pb = workspace + chunks * cols;
-  FLS_CUDA_DISPATCH(
-      dt, using T = scalar_t;
-      if (rows > 0) {
-        ln_bwd_dx_kernel<T><<<static_cast<unsigned>(rows), kRowThreads, 0, s>>>(
-            static_cast<const T*>(dy), static_cast<const T*>(x), static_cast<const T*>(weight), mean, rstd,
-            static_cast<T*>(dx), cols);
-        ln_bwd_partial_kernel<T><<<dim3(col_tiles, static_cast<unsigned>(chunks)), kColThreads, 0, s>>>(
-            static_cast<const T*>(dy), static_cast<const T*>(x), mean, rstd, pw, pb, rows, cols);
-      } ln_bwd_final_kernel<T><<<col_tiles, kColThreads, 0, s>>>(pw, pb, static_cast<T*>(dweight),
-                                                                  static_cast<T*>(dbias), chunks, cols));
+  FLS_CUDA_DISPATCH(dt, launch_bwd<scalar_t>(static_cast<const scalar_t*>(dy), static_cast<const scalar_t*>(x),
+                                             static_cast<const scalar_t*>(weight), mean, rstd,
+                                             static_cast<scalar_t*>(dx), static_cast<scalar_t*>(dweight),
+                                             static_cast<scalar_t*>(dbias), workspace, rows, cols,
+                                             static_cast<cudaStream_t>(stream)));
   FLS_CUDA_RETURN_LAST_ERROR();
 }
 

@@ -1,7 +1,11 @@
 // Op wrapper of the embedding family: schema, argument checks (dtypes, shapes, token/position ranges),
-// allocation, CPU/CUDA dispatch. The CUDA backward sorts the lookup keys here (stable at::sort) and
-// hands sorted rows + segment offsets to the raw kernel, which sums each segment in a fixed order.
+// allocation, CPU/CUDA dispatch. Ranges are checked here on CPU and inside the kernels on CUDA (a host-side
+// check there would copy a device min/max to the host: one stream sync per call). The CUDA backward sorts
+// the lookup keys here (stable at::sort, on the device, no sync) and hands the sorted keys and row order to
+// the raw kernel, which sums each run of equal keys in row order (deterministic).
 #include <c10/util/Optional.h>
+
+#include <cstdint>
 
 #include "../cpu/embedding.h"
 #include "../cuda/embedding.h"
@@ -16,14 +20,10 @@ void check_index(const at::Tensor& t, const at::Tensor& tokens, const char* name
               tokens.device());
 }
 
-// (min, max) of an int64 tensor: a plain loop on CPU, at::aminmax (one device sync) on CUDA.
+// (min, max) of a CPU int64 tensor.
 std::pair<int64_t, int64_t> min_max(const at::Tensor& t) {
   if (t.numel() == 0) return {0, 0};
-  if (t.is_cuda()) {
-    auto mm = at::aminmax(t);
-    auto both = at::stack({std::get<0>(mm), std::get<1>(mm)}).cpu();
-    return {both[0].item<int64_t>(), both[1].item<int64_t>()};
-  }
+  TORCH_INTERNAL_ASSERT(t.device().is_cpu(), "embedding: min_max is the CPU range check");
   const auto c = t.contiguous();
   const int64_t* p = c.data_ptr<int64_t>();
   int64_t lo = p[0], hi = p[0];
@@ -34,7 +34,9 @@ std::pair<int64_t, int64_t> min_max(const at::Tensor& t) {
   return {lo, hi};
 }
 
+// CPU only: on CUDA the kernels check every id (printf of the id and the limit, then a device assert).
 void check_range(const at::Tensor& t, int64_t limit, const char* what, const char* limit_name) {
+  if (t.is_cuda()) return;
   const auto mm = min_max(t);
   TORCH_CHECK(mm.first >= 0, "embedding: ", what, " ", mm.first, " is negative");
   TORCH_CHECK(mm.second < limit, "embedding: ", what, " ", mm.second, " exceeds ", limit_name, " ", limit,
@@ -75,8 +77,8 @@ at::Tensor embedding_fwd(const at::Tensor& tokens, const at::Tensor& weight, con
 #ifdef FLS_WITH_CUDA
     const c10::cuda::CUDAGuard guard(w.device());
     FLS_CHECK_LAUNCH(cuda::embedding_fwd(to_dtype(w.scalar_type()), tok.data_ptr<int64_t>(), pos_ptr, w.data_ptr(),
-                                         has_pos ? pw.data_ptr() : nullptr, out.data_ptr(), n, dim, padding_idx,
-                                         scale, d, current_stream(w)));
+                                         has_pos ? pw.data_ptr() : nullptr, out.data_ptr(), n, dim, w.size(0),
+                                         has_pos ? pw.size(0) : 0, padding_idx, scale, d, current_stream(w)));
 #endif
   } else {
     AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, w.scalar_type(), "embedding_fwd", [&] {
@@ -89,21 +91,18 @@ at::Tensor embedding_fwd(const at::Tensor& tokens, const at::Tensor& weight, con
 }
 
 #ifdef FLS_WITH_CUDA
-// Deterministic row-gradient on CUDA: keys of pad rows become -1 (skipped), a stable sort groups equal
-// keys in row order, unique_consecutive gives the segments.
-void table_grad_cuda(const at::Tensor& src, bool src_is_float, const at::Tensor& keys, const at::Tensor& pad_rows,
-                     at::Tensor& out, double mult) {
-  const auto k = keys.reshape({-1}).masked_fill(pad_rows, -1);
-  auto sorted = at::sort(k, /*stable=*/true, /*dim=*/0, /*descending=*/false);
+// Deterministic gradient of one table on CUDA: pad rows get the key kNoGradKey (skipped), a stable sort
+// groups equal keys in row order; the kernel sums each run in that order. No host sync anywhere.
+void table_grad_cuda(const at::Tensor& grad, const at::Tensor& keys, const at::Tensor& pad_rows, at::Tensor& out,
+                     bool keys_are_positions, double mult, const DropoutParams& d) {
+  const auto k = keys.reshape({-1}).masked_fill(pad_rows, cuda::kNoGradKey);
+  const auto sorted = at::sort(k, /*stable=*/true, /*dim=*/0, /*descending=*/false);
   const auto& sorted_keys = std::get<0>(sorted);
   const auto& order = std::get<1>(sorted);
-  auto uniq = at::unique_consecutive(sorted_keys, /*return_inverse=*/false, /*return_counts=*/true);
-  const auto& seg_keys = std::get<0>(uniq);
-  const auto offsets = at::cat({at::zeros({1}, k.options()), at::cumsum(std::get<2>(uniq), 0)});
-  FLS_CHECK_LAUNCH(cuda::embedding_bwd_segments(to_dtype(out.scalar_type()), src.data_ptr(), src_is_float,
-                                                order.data_ptr<int64_t>(), offsets.data_ptr<int64_t>(),
-                                                seg_keys.data_ptr<int64_t>(), seg_keys.numel(), out.data_ptr(),
-                                                out.size(1), mult, current_stream(out)));
+  FLS_CHECK_LAUNCH(cuda::embedding_bwd_table(to_dtype(out.scalar_type()), grad.data_ptr(),
+                                             sorted_keys.data_ptr<int64_t>(), order.data_ptr<int64_t>(), k.numel(),
+                                             out.size(1), out.size(0), keys_are_positions, mult, d, out.data_ptr(),
+                                             current_stream(out)));
 }
 #endif
 
@@ -131,7 +130,8 @@ std::tuple<at::Tensor, at::Tensor> embedding_bwd(const at::Tensor& grad, const a
     check_index(pos, tokens, "positions");
     check_shape(pos, tokens.sizes(), "embedding_bwd: positions");
   }
-  // Forward already checked the ranges; they are checked again because a wrong key writes out of bounds.
+  // Forward already checked the ranges; they are checked again because a wrong key writes out of bounds
+  // (on CUDA inside the kernel).
   if (num_weights > 0) check_range(tok, num_weights, "token id", "num_embeddings");
   if (num_positions > 0) check_range(pos, num_positions, "position", "max positions");
   // The CPU kernel writes every row (zeros where no token looks it up); the CUDA one only the rows it sums.
@@ -141,17 +141,10 @@ std::tuple<at::Tensor, at::Tensor> embedding_bwd(const at::Tensor& grad, const a
   if (g.is_cuda()) {
 #ifdef FLS_WITH_CUDA
     const c10::cuda::CUDAGuard guard(g.device());
-    if (n > 0 && (num_weights > 0 || num_positions > 0)) {
-      at::Tensor src = g;
-      const bool drop = d.threshold != 0;
-      if (drop) {
-        src = at::empty({n, dim}, g.options().dtype(at::kFloat));
-        FLS_CHECK_LAUNCH(cuda::embedding_bwd_dropout(to_dtype(g.scalar_type()), g.data_ptr(), src.data_ptr<float>(),
-                                                     n, dim, d, current_stream(g)));
-      }
+    if (n > 0 && dim > 0 && (num_weights > 0 || num_positions > 0)) {
       const auto pad_rows = tok.reshape({-1}).eq(padding_idx);
-      if (num_weights > 0) table_grad_cuda(src, drop, tok, pad_rows, dw, scale);
-      if (num_positions > 0) table_grad_cuda(src, drop, pos, pad_rows, dp, 1.0);
+      if (num_weights > 0) table_grad_cuda(g, tok, pad_rows, dw, /*keys_are_positions=*/false, scale, d);
+      if (num_positions > 0) table_grad_cuda(g, pos, pad_rows, dp, /*keys_are_positions=*/true, 1.0, d);
     }
 #endif
   } else {
