@@ -73,7 +73,7 @@ step tests_cuda 150 $PY -m pytest -q -m cuda $par -rfE -p no:cacheprovider tests
 
 step bench_ops_fp16 90 $PY scripts/bench_ops.py --device cuda --dtype fp16 --shapes base,big,large --skip-ref --json "$OUT_DIR/bench_ops_fp16.json"
 step bench_ops_bf16 90 $PY scripts/bench_ops.py --device cuda --dtype bf16 --shapes base,big,large --skip-ref --json "$OUT_DIR/bench_ops_bf16.json"
-step benchmark_big 150 $PY scripts/benchmark.py --device cuda --ls-stack --warmup 2 --steps 5 --repeats 3 --json "$OUT_DIR/benchmark_big.json"
+step benchmark_big 150 $PY scripts/benchmark.py --device cuda --ls-stack --warmup 1 --steps 4 --repeats 2 --json "$OUT_DIR/benchmark_big.json"
 step bench_criterion 60 $PY scripts/bench_criterion.py --device cuda
 step bench_optimizer 60 $PY scripts/bench_optimizer.py --device cuda
 echo "done in $((SECONDS - T0)) s: $OUT_DIR/report.md"
