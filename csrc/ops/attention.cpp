@@ -9,7 +9,7 @@
 //   attention_softmax_bwd(dout, y, scale, p, seed, offset) -> dscores (the mask is regenerated).
 //   qkv_bias_split(qkv [T,B,3E], bias [3E], num_heads) -> (q, k, v) each [B*heads, T, E/heads];
 //   qkv_bias_split_bwd(dq, dk, dv, num_heads) -> (dqkv [T,B,3E], dbias [3E]);
-//   merge_heads(x [B*heads,T,hd], num_heads) -> [T,B,heads*hd]; merge_heads_bwd(dy [T,B,E], num_heads).
+//   merge_heads(x [B*heads,T,hd], num_heads) -> [T,B,heads*hd]. Its backward is a view of dy (Python).
 #include "../cpu/attention.h"
 #include "../cuda/attention.h"
 #include "utils.h"
@@ -191,29 +191,6 @@ at::Tensor merge_heads(const at::Tensor& x, int64_t num_heads) {
   return y;
 }
 
-at::Tensor merge_heads_bwd(const at::Tensor& dy, int64_t num_heads) {
-  check_float(dy, "merge_heads_bwd: dy");
-  TORCH_CHECK(dy.dim() == 3, "merge_heads_bwd: dy must be 3-D [T, B, E], got shape ", dy.sizes());
-  const int64_t Tlen = dy.size(0), B = dy.size(1), E = dy.size(2);
-  const int64_t hd = head_dim(E, num_heads, "merge_heads_bwd", "dy.size(2)");
-  const auto dc = dy.contiguous();
-  auto dx = at::empty({B * num_heads, Tlen, hd}, dy.options());
-  if (dy.is_cuda()) {
-#ifdef FLS_WITH_CUDA
-    const c10::cuda::CUDAGuard guard(dy.device());
-    void* outs[1] = {dx.data_ptr()};
-    FLS_CHECK_LAUNCH(cuda::split_heads(to_dtype(dy.scalar_type()), dc.data_ptr(), E, nullptr, outs, 1, Tlen, B,
-                                       num_heads, hd, current_stream(dy)));
-#endif
-  } else {
-    AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, dy.scalar_type(), "merge_heads_bwd", [&] {
-      scalar_t* outs[1] = {dx.data_ptr<scalar_t>()};
-      cpu::split_heads<scalar_t>(dc.data_ptr<scalar_t>(), E, nullptr, outs, 1, Tlen, B, num_heads, hd);
-    });
-  }
-  return dx;
-}
-
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(fairseq_lightseq, m) {
@@ -224,7 +201,6 @@ TORCH_LIBRARY_FRAGMENT(fairseq_lightseq, m) {
   m.def("qkv_bias_split(Tensor qkv, Tensor bias, int num_heads) -> (Tensor q, Tensor k, Tensor v)");
   m.def("qkv_bias_split_bwd(Tensor dq, Tensor dk, Tensor dv, int num_heads) -> (Tensor dqkv, Tensor dbias)");
   m.def("merge_heads(Tensor x, int num_heads) -> Tensor");
-  m.def("merge_heads_bwd(Tensor dy, int num_heads) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(fairseq_lightseq, CPU, m) {
@@ -233,7 +209,6 @@ TORCH_LIBRARY_IMPL(fairseq_lightseq, CPU, m) {
   m.impl("qkv_bias_split", &qkv_bias_split);
   m.impl("qkv_bias_split_bwd", &qkv_bias_split_bwd);
   m.impl("merge_heads", &merge_heads);
-  m.impl("merge_heads_bwd", &merge_heads_bwd);
 }
 
 #ifdef FLS_WITH_CUDA
@@ -243,7 +218,6 @@ TORCH_LIBRARY_IMPL(fairseq_lightseq, CUDA, m) {
   m.impl("qkv_bias_split", &qkv_bias_split);
   m.impl("qkv_bias_split_bwd", &qkv_bias_split_bwd);
   m.impl("merge_heads", &merge_heads);
-  m.impl("merge_heads_bwd", &merge_heads_bwd);
 }
 #endif
 

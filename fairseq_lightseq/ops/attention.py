@@ -61,6 +61,11 @@ class QkvBiasSplitFunction(torch.autograd.Function):
 
 
 class MergeHeadsFunction(torch.autograd.Function):
+    """[B*H, T, hd] -> contiguous [T, B, E] (the out projection needs it contiguous). The backward
+    is a copy-free view of dy, [T, B, H, hd] permuted to [B*H, T, hd] (strides hd, B*E, 1): the
+    attention bmm's backward takes strided input, so no kernel runs, as with fairseq's own
+    `transpose(0, 1).contiguous()`."""
+
     @staticmethod
     def forward(ctx, x, num_heads):
         ctx.num_heads = num_heads
@@ -68,7 +73,9 @@ class MergeHeadsFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dy):
-        return _backend.ops().merge_heads_bwd(dy, ctx.num_heads), None
+        T, B, E = dy.shape
+        H = ctx.num_heads
+        return dy.view(T, B, H, E // H).permute(1, 2, 0, 3).reshape(B * H, T, E // H), None
 
 
 def qkv_bias_split(qkv: torch.Tensor, bias: torch.Tensor, num_heads: int):
@@ -118,8 +125,3 @@ def _merge_heads_fake(x, num_heads):
     BH, T, hd = x.shape
     return x.new_empty((T, BH // num_heads, num_heads * hd))
 
-
-@_backend.register_fake("merge_heads_bwd")
-def _merge_heads_bwd_fake(dy, num_heads):
-    T, B, E = dy.shape
-    return dy.new_empty((B * num_heads, T, E // num_heads))
