@@ -15,6 +15,8 @@
 // makes two passes over the row: an online max/sum, then the write of y (and of the dropped copy). The
 // dropout mask comes from Philox groups of 4 stream elements (philox.h), one group per thread-step,
 // so each Philox block is computed once; backward regenerates it instead of reading a stored mask.
+#include <type_traits>
+
 #include "attention.h"
 #include "dtype.cuh"
 #include "fls/philox.h"
@@ -482,6 +484,35 @@ __global__ void split_bwd_vec_kernel(Parts<uint4> in, uint4* __restrict__ dqkv, 
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
+// Calls launch(G, VPL) (std::integral_constant values) with the lane group G and vectors per lane
+// VPL whose registers hold a row of nv vectors; false when the row is too long for that (fp32 rows
+// of up to 256 vectors fit, 2-byte types up to 128).
+template <int V, typename Launch>
+bool by_row_vectors(int64_t nv, Launch&& launch) {
+  using std::integral_constant;
+  if (nv <= 8) {
+    launch(integral_constant<int, 8>{}, integral_constant<int, 1>{});
+  } else if (nv <= 16) {
+    launch(integral_constant<int, 16>{}, integral_constant<int, 1>{});
+  } else if (nv <= 32) {
+    launch(integral_constant<int, 32>{}, integral_constant<int, 1>{});
+  } else if (nv <= 64) {
+    launch(integral_constant<int, 32>{}, integral_constant<int, 2>{});
+  } else if (nv <= 128) {
+    launch(integral_constant<int, 32>{}, integral_constant<int, 4>{});
+  } else if constexpr (V == 4) {
+    launch(integral_constant<int, 32>{}, integral_constant<int, 8>{});  // nv <= 256 since Tk <= 1024
+  } else {
+    return false;
+  }
+  return true;
+}
+
+// Blocks of kVecThreads threads for `rows` rows of G lanes each.
+unsigned vec_row_blocks(int64_t rows, int G) {
+  return static_cast<unsigned>((rows + kVecThreads / G - 1) / (kVecThreads / G));
+}
+
 // Launches the register-resident softmax forward when the row fits; false -> use the general kernel.
 template <typename T>
 bool softmax_fwd_vec(const T* scores, const bool* pad, T* y, T* out, int64_t B, int64_t H, int64_t Tq, int64_t Tk,
@@ -494,28 +525,11 @@ bool softmax_fwd_vec(const T* scores, const bool* pad, T* y, T* out, int64_t B, 
   const int64_t nv = Tk / V;  // vectors per row
   const uint32_t r = static_cast<uint32_t>(rows), htq = static_cast<uint32_t>(H * Tq),
                  tq = static_cast<uint32_t>(Tq), tk = static_cast<uint32_t>(Tk);
-#define FLS_SOFTMAX_FWD_VEC(G, VPL)                                                                          \
-  softmax_fwd_vec_kernel<T, G, VPL><<<static_cast<unsigned>((rows + kVecThreads / G - 1) / (kVecThreads / G)), \
-                                      kVecThreads, 0, s>>>(scores, pad, y, out, r, htq, tq, tk, causal, scale, d)
-  if (nv <= 8) {
-    FLS_SOFTMAX_FWD_VEC(8, 1);
-  } else if (nv <= 16) {
-    FLS_SOFTMAX_FWD_VEC(16, 1);
-  } else if (nv <= 32) {
-    FLS_SOFTMAX_FWD_VEC(32, 1);
-  } else if (nv <= 64) {
-    FLS_SOFTMAX_FWD_VEC(32, 2);
-  } else if (nv <= 128) {
-    FLS_SOFTMAX_FWD_VEC(32, 4);
-  } else {
-    if constexpr (V == 4) {
-      FLS_SOFTMAX_FWD_VEC(32, 8);  // fp32: nv <= 256 since Tk <= 1024
-    } else {
-      return false;
-    }
-  }
-#undef FLS_SOFTMAX_FWD_VEC
-  return true;
+  return by_row_vectors<V>(nv, [&](auto g, auto vpl) {
+    constexpr int G = decltype(g)::value;
+    softmax_fwd_vec_kernel<T, G, decltype(vpl)::value><<<vec_row_blocks(rows, G), kVecThreads, 0, s>>>(
+        scores, pad, y, out, r, htq, tq, tk, causal, scale, d);
+  });
 }
 
 template <typename T>
@@ -526,28 +540,11 @@ bool softmax_bwd_vec(const T* dout, const T* y, T* ds, int64_t rows, int64_t Tk,
   if (!aligned16(dout) || !aligned16(y) || !aligned16(ds)) return false;
   const int64_t nv = Tk / V;
   const uint32_t r = static_cast<uint32_t>(rows), tk = static_cast<uint32_t>(Tk);
-#define FLS_SOFTMAX_BWD_VEC(G, VPL)                                                                          \
-  softmax_bwd_vec_kernel<T, G, VPL><<<static_cast<unsigned>((rows + kVecThreads / G - 1) / (kVecThreads / G)), \
-                                      kVecThreads, 0, s>>>(dout, y, ds, r, tk, scale, d)
-  if (nv <= 8) {
-    FLS_SOFTMAX_BWD_VEC(8, 1);
-  } else if (nv <= 16) {
-    FLS_SOFTMAX_BWD_VEC(16, 1);
-  } else if (nv <= 32) {
-    FLS_SOFTMAX_BWD_VEC(32, 1);
-  } else if (nv <= 64) {
-    FLS_SOFTMAX_BWD_VEC(32, 2);
-  } else if (nv <= 128) {
-    FLS_SOFTMAX_BWD_VEC(32, 4);
-  } else {
-    if constexpr (V == 4) {
-      FLS_SOFTMAX_BWD_VEC(32, 8);
-    } else {
-      return false;
-    }
-  }
-#undef FLS_SOFTMAX_BWD_VEC
-  return true;
+  return by_row_vectors<V>(nv, [&](auto g, auto vpl) {
+    constexpr int G = decltype(g)::value;
+    softmax_bwd_vec_kernel<T, G, decltype(vpl)::value><<<vec_row_blocks(rows, G), kVecThreads, 0, s>>>(
+        dout, y, ds, r, tk, scale, d);
+  });
 }
 
 // Geometry of the vector path of split/merge, or false when it does not apply: hd and the token

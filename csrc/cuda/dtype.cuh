@@ -45,6 +45,47 @@ __device__ __forceinline__ float block_max(float v, float* scratch) {
   return v;
 }
 
+// 16 bytes of T (kN elements) travel as one uint4: the unit of the fast paths' vector loads and stores.
+// Elements are unpacked from / packed into its 32-bit words with register moves only (j is a
+// compile-time constant after unrolling), so the pack never goes through local memory.
+template <typename T>
+struct Pack {
+  static constexpr int kN = 16 / sizeof(T);
+};
+
+__device__ __forceinline__ uint32_t word(const uint4& u, int i) {
+  return i == 0 ? u.x : (i == 1 ? u.y : (i == 2 ? u.z : u.w));
+}
+
+template <typename T>
+__device__ __forceinline__ float unpack(const uint4& u, int j);
+template <>
+__device__ __forceinline__ float unpack<float>(const uint4& u, int j) { return __uint_as_float(word(u, j)); }
+template <>
+__device__ __forceinline__ float unpack<__half>(const uint4& u, int j) {
+  return __half2float(__ushort_as_half(static_cast<unsigned short>(word(u, j >> 1) >> ((j & 1) * 16))));
+}
+template <>
+__device__ __forceinline__ float unpack<__nv_bfloat16>(const uint4& u, int j) {
+  return __bfloat162float(__ushort_as_bfloat16(static_cast<unsigned short>(word(u, j >> 1) >> ((j & 1) * 16))));
+}
+
+__device__ __forceinline__ uint32_t bits16(__half h) { return __half_as_ushort(h); }
+__device__ __forceinline__ uint32_t bits16(__nv_bfloat16 h) { return __bfloat16_as_ushort(h); }
+
+// The kN floats f rounded once to T and packed in element order.
+template <typename T>
+__device__ __forceinline__ uint4 pack(const float* f) {
+  if constexpr (sizeof(T) == 4) {
+    return make_uint4(__float_as_uint(f[0]), __float_as_uint(f[1]), __float_as_uint(f[2]), __float_as_uint(f[3]));
+  } else {
+    uint32_t w[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) w[i] = bits16(from_float<T>(f[2 * i])) | (bits16(from_float<T>(f[2 * i + 1])) << 16);
+    return make_uint4(w[0], w[1], w[2], w[3]);
+  }
+}
+
 inline int grid_1d(int64_t work, int threads, int max_blocks = 65535 * 16) {
   int64_t b = (work + threads - 1) / threads;
   if (b < 1) b = 1;

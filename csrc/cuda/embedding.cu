@@ -51,44 +51,6 @@ __device__ __forceinline__ void check_id(int64_t id, int64_t limit, bool is_posi
   if (id < 0 || id >= limit) report_bad_id(id, limit, is_position);
 }
 
-// 16 bytes of T (kN elements) travel as one uint4; elements are taken from / put into its 32-bit words
-// with register moves only (same helpers as layer_norm.cu; both files keep theirs to stay standalone).
-template <typename T>
-struct Pack {
-  static constexpr int kN = 16 / sizeof(T);
-};
-
-__device__ __forceinline__ uint32_t word(const uint4& u, int i) {
-  return i == 0 ? u.x : (i == 1 ? u.y : (i == 2 ? u.z : u.w));
-}
-
-template <typename T>
-__device__ __forceinline__ float unpack(const uint4& u, int j);
-template <>
-__device__ __forceinline__ float unpack<float>(const uint4& u, int j) { return __uint_as_float(word(u, j)); }
-template <>
-__device__ __forceinline__ float unpack<__half>(const uint4& u, int j) {
-  return __half2float(__ushort_as_half(static_cast<unsigned short>(word(u, j >> 1) >> ((j & 1) * 16))));
-}
-template <>
-__device__ __forceinline__ float unpack<__nv_bfloat16>(const uint4& u, int j) {
-  return __bfloat162float(__ushort_as_bfloat16(static_cast<unsigned short>(word(u, j >> 1) >> ((j & 1) * 16))));
-}
-
-__device__ __forceinline__ uint32_t bits16(__half h) { return __half_as_ushort(h); }
-__device__ __forceinline__ uint32_t bits16(__nv_bfloat16 h) { return __bfloat16_as_ushort(h); }
-
-template <typename T>
-__device__ __forceinline__ uint4 pack(const float* f) {
-  if constexpr (sizeof(T) == 4) {
-    return make_uint4(__float_as_uint(f[0]), __float_as_uint(f[1]), __float_as_uint(f[2]), __float_as_uint(f[3]));
-  } else {
-    uint32_t w[4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) w[i] = bits16(from_float<T>(f[2 * i])) | (bits16(from_float<T>(f[2 * i + 1])) << 16);
-    return make_uint4(w[0], w[1], w[2], w[3]);
-  }
-}
 
 // Fast forward (dim % kN == 0, weight/pos_weight/out 16-byte aligned, and with dropout d.offset % 4 == 0):
 // `tpr` threads (a power of two) per row, blockDim / tpr rows per block, 16-byte loads and stores. Pack v

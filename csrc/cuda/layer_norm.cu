@@ -23,46 +23,6 @@ constexpr int64_t kTargetChunks = 1024;  // fast backward: about this many row c
 constexpr int64_t kMinRowsPerChunk = 2 * kWarps;
 constexpr int kFinalCols = 32, kFinalGroups = 16;  // final column-sum kernel block shape
 
-// 16 bytes of T (kN elements) travel as one uint4: the unit of the fast path's vector loads and stores.
-// Elements are unpacked from / packed into its 32-bit words with register moves only (j is a
-// compile-time constant after unrolling), so the pack never goes through local memory.
-template <typename T>
-struct Pack {
-  static constexpr int kN = 16 / sizeof(T);
-};
-
-__device__ __forceinline__ uint32_t word(const uint4& u, int i) {
-  return i == 0 ? u.x : (i == 1 ? u.y : (i == 2 ? u.z : u.w));
-}
-
-template <typename T>
-__device__ __forceinline__ float unpack(const uint4& u, int j);
-template <>
-__device__ __forceinline__ float unpack<float>(const uint4& u, int j) { return __uint_as_float(word(u, j)); }
-template <>
-__device__ __forceinline__ float unpack<__half>(const uint4& u, int j) {
-  return __half2float(__ushort_as_half(static_cast<unsigned short>(word(u, j >> 1) >> ((j & 1) * 16))));
-}
-template <>
-__device__ __forceinline__ float unpack<__nv_bfloat16>(const uint4& u, int j) {
-  return __bfloat162float(__ushort_as_bfloat16(static_cast<unsigned short>(word(u, j >> 1) >> ((j & 1) * 16))));
-}
-
-__device__ __forceinline__ uint32_t bits16(__half h) { return __half_as_ushort(h); }
-__device__ __forceinline__ uint32_t bits16(__nv_bfloat16 h) { return __bfloat16_as_ushort(h); }
-
-// The kN floats f rounded once to T and packed in element order.
-template <typename T>
-__device__ __forceinline__ uint4 pack(const float* f) {
-  if constexpr (sizeof(T) == 4) {
-    return make_uint4(__float_as_uint(f[0]), __float_as_uint(f[1]), __float_as_uint(f[2]), __float_as_uint(f[3]));
-  } else {
-    uint32_t w[4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) w[i] = bits16(from_float<T>(f[2 * i])) | (bits16(from_float<T>(f[2 * i + 1])) << 16);
-    return make_uint4(w[0], w[1], w[2], w[3]);
-  }
-}
 
 __device__ __forceinline__ float warp_sum(float v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
