@@ -29,8 +29,10 @@ def warn_once(key: str, message: str) -> None:
         warnings.warn("fairseq_lightseq: " + message, RuntimeWarning, stacklevel=3)
 
 
+@functools.lru_cache(maxsize=None)
 def has_kernel(op: str, device_type: str) -> bool:
-    """Whether the compiled library registered op `op` for device type "cpu" or "cuda"."""
+    """Whether the compiled library registered op `op` for device type "cpu" or "cuda". Cached: the
+    registrations are fixed once the library is loaded, and every op call asks (4 us uncached)."""
     if _C is None:
         return False
     key = {"cpu": "CPU", "cuda": "CUDA"}.get(device_type)
