@@ -166,14 +166,29 @@ def copy_bandwidth(device, nbytes=1 << 30):
     return 2 * nbytes / t
 
 
+_copy_seconds = {}
+
+
+def same_size_copy_seconds(device, nbytes):
+    """Seconds of one device-to-device copy moving `nbytes` in all (nbytes / 2 read, nbytes / 2
+    written), timed like the ops: at small sizes it pays the same launch overhead they do."""
+    if nbytes not in _copy_seconds:
+        src = torch.empty(max(1, nbytes // 8), dtype=torch.float32, device=device).uniform_()
+        dst = torch.empty_like(src)
+        _copy_seconds[nbytes] = timeit(lambda: dst.copy_(src), device, warmup=3, repeats=10)
+    return _copy_seconds[nbytes]
+
+
 def bandwidth(f, inputs, grad_out, device, nbytes_fwd, nbytes_bwd, copy_bw):
-    """Fraction of copy bandwidth achieved by forward alone and backward alone."""
+    """Forward alone and backward alone: the fraction of the large copy's bandwidth achieved, and the
+    time of a same-size copy over ours (1.0 = as fast as a plain copy moving the same bytes)."""
     out = f(*inputs)
     out = out[0] if isinstance(out, tuple) else out
     t_f = timeit(lambda: f(*inputs), device)
     leaves = [t for t in inputs if isinstance(t, torch.Tensor) and t.requires_grad]
     t_b = timeit(lambda: torch.autograd.grad(out, leaves, grad_out, retain_graph=True), device)
-    return nbytes_fwd / t_f / copy_bw, nbytes_bwd / t_b / copy_bw
+    return (nbytes_fwd / t_f / copy_bw, nbytes_bwd / t_b / copy_bw,
+            same_size_copy_seconds(device, nbytes_fwd) / t_f, same_size_copy_seconds(device, nbytes_bwd) / t_b)
 
 
 def main():
@@ -196,7 +211,9 @@ def main():
         print(f"# device-to-device copy: {copy_bw / 1e9:.0f} GB/s")
     header = f"{'shape':5s} {'op':28s} {'ours ms':>9s} {'ref ms':>9s} {'comp ms':>9s} {'vs ref':>7s} {'vs comp':>8s}"
     if copy_bw:
-        header += f" {'fwd BW':>7s} {'bwd BW':>7s}"
+        # BW: fraction of the 1 GB copy's bandwidth; "vs copy": a copy moving the same bytes, its
+        # time over ours (launch overhead included on both sides)
+        header += f" {'fwd BW':>7s} {'bwd BW':>7s} {'fwd vs copy':>12s} {'bwd vs copy':>12s}"
     print(header)
     rows = []
     for shape in args.shapes.split(","):
@@ -212,9 +229,9 @@ def main():
             line = (f"{shape:5s} {name:28s} {t_o * 1e3:9.2f} {t_r * 1e3:9.2f} {t_c * 1e3:9.2f} "
                     f"{t_r / t_o:6.2f}x {t_c / t_o:7.2f}x")
             if copy_bw:
-                fb, bbw = bandwidth(ours, inputs, gout, device, bf, bb, copy_bw)
-                row.update(fwd_bw_frac=fb, bwd_bw_frac=bbw)
-                line += f" {fb:6.0%} {bbw:6.0%}"
+                fb, bbw, fc, bc = bandwidth(ours, inputs, gout, device, bf, bb, copy_bw)
+                row.update(fwd_bw_frac=fb, bwd_bw_frac=bbw, fwd_vs_same_size_copy=fc, bwd_vs_same_size_copy=bc)
+                line += f" {fb:6.0%} {bbw:6.0%} {fc:11.0%} {bc:11.0%}"
             print(line, flush=True)
             rows.append(row)
     if args.json:
