@@ -39,27 +39,39 @@ def _sync(device):
         torch.cuda.synchronize()
 
 
-def timeit(fn, device, warmup=3, repeats=10, inner=10):
-    """Median seconds of fn() after warm-up. CPU: perf_counter per call. CUDA: events around `inner`
-    back-to-back calls (so host launch gaps between repeats do not count), divided by `inner`."""
-    for _ in range(warmup):
-        fn()
-    _sync(device)
-    times = []
-    for _ in range(repeats):
-        if device == "cuda":
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            for _ in range(inner):
-                fn()
-            b.record()
-            b.synchronize()
-            times.append(a.elapsed_time(b) / 1e3 / inner)
-        else:
-            t = time.perf_counter()
+def _time_once(fn, device, inner):
+    """Seconds of one fn() call: perf_counter on CPU; on CUDA, events around `inner` back-to-back
+    calls (so host launch gaps between repeats do not count), divided by `inner`."""
+    if device == "cuda":
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        for _ in range(inner):
             fn()
-            times.append(time.perf_counter() - t)
-    return statistics.median(times)
+        b.record()
+        b.synchronize()
+        return a.elapsed_time(b) / 1e3 / inner
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
+
+
+def timeit(fn, device, warmup=3, repeats=10, inner=10):
+    """Median seconds of fn() after warm-up."""
+    return timeit_interleaved([fn], device, warmup, repeats, inner)[0]
+
+
+def timeit_interleaved(fns, device, warmup=3, repeats=10, inner=10):
+    """Median seconds of each fn, timed in turns (a b a b ...) so that drift in the machine's state
+    (other load, the allocator's page faults, clocks) hits all of them alike."""
+    for fn in fns:
+        for _ in range(warmup):
+            fn()
+    _sync(device)
+    times = [[] for _ in fns]
+    for _ in range(repeats):
+        for k, fn in enumerate(fns):
+            times[k].append(_time_once(fn, device, inner))
+    return [statistics.median(t) for t in times]
 
 
 def fwd_bwd(f, inputs, grad_out):
@@ -196,7 +208,7 @@ def main():
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     ap.add_argument("--dtype", default="fp32", choices=["fp32", "fp16", "bf16"])
     ap.add_argument("--shapes", default="base,big")
-    ap.add_argument("--repeats", type=int, default=10)
+    ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--json", help="also write the results here")
     ap.add_argument("--skip-ref", action="store_true",
                     help="do not time the reference (the slow spec; the composition is the baseline that matters)")
@@ -218,12 +230,12 @@ def main():
     rows = []
     for shape in args.shapes.split(","):
         for name, inputs, gout, ours, ref, comp, bf, bb in cases(SHAPES[shape], device, dtype):
-            t_o = timeit(fwd_bwd(ours, inputs, gout), device, repeats=args.repeats)
+            t_o, t_c = timeit_interleaved([fwd_bwd(ours, inputs, gout), fwd_bwd(comp, inputs, gout)], device,
+                                          repeats=args.repeats)
             # The reference draws its dropout masks with Philox in int64 torch ops: seconds per call
             # on CPU, so it gets fewer runs.
             t_r = (float("nan") if args.skip_ref else
                    timeit(fwd_bwd(ref, inputs, gout), device, warmup=1, repeats=max(3, args.repeats // 3)))
-            t_c = timeit(fwd_bwd(comp, inputs, gout), device, repeats=args.repeats)
             row = dict(shape=shape, op=name, ours_ms=t_o * 1e3, ref_ms=t_r * 1e3, comp_ms=t_c * 1e3,
                        speedup_vs_ref=t_r / t_o, speedup_vs_comp=t_c / t_o)
             line = (f"{shape:5s} {name:28s} {t_o * 1e3:9.2f} {t_r * 1e3:9.2f} {t_c * 1e3:9.2f} "
