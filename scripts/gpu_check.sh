@@ -4,7 +4,7 @@
 #   report.md     each step's exit code and time, the test summary and every benchmark table
 #   logs.tgz      every log in full (build, pytest with tracebacks, junit xml, benchmark output)
 #   *.json        the benchmark results
-#   usage: scripts/gpu_check.sh OUT_DIR        (about 7 minutes on an H200; every step has a time limit)
+#   usage: scripts/gpu_check.sh OUT_DIR        (about 7-8 minutes on an H200; every step has a time limit)
 #   GPU_CHECK_ONLY="tests_cuda bench_ops_fp16" scripts/gpu_check.sh OUT_DIR   runs only those steps
 #   (after machine, wheels, build and info), for a short second run.
 # The report is rewritten after every step, so a run cut short still leaves what it got.
@@ -24,7 +24,7 @@ report() {
     echo '```'
     cat "$LOGS/steps.txt"
     echo '```'
-    for f in machine info tests_cuda bench_ops_fp16 bench_ops_bf16 benchmark_big bench_criterion bench_optimizer; do
+    for f in machine info tests_cuda bench_ops_fp16 bench_ops_bf16 benchmark_big benchmark_mem bench_criterion bench_optimizer; do
       [ -s "$LOGS/$f.txt" ] || continue
       echo; echo "## $f"; echo '```'
       case $f in
@@ -73,7 +73,11 @@ step tests_cuda 150 $PY -m pytest -q -m cuda $par -rfE -p no:cacheprovider tests
 
 step bench_ops_fp16 90 $PY scripts/bench_ops.py --device cuda --dtype fp16 --shapes base,big,large --skip-ref --json "$OUT_DIR/bench_ops_fp16.json"
 step bench_ops_bf16 90 $PY scripts/bench_ops.py --device cuda --dtype bf16 --shapes base,big,large --skip-ref --json "$OUT_DIR/bench_ops_bf16.json"
-step benchmark_big 150 $PY scripts/benchmark.py --device cuda --ls-stack --warmup 1 --steps 4 --repeats 2 --json "$OUT_DIR/benchmark_big.json"
+# Throughput: 3 warm-up steps (run 2 with 1 showed fairseq's first timed repeats 1.8x slower than
+# its later ones), 3 x 6 timed steps, fp16 and bf16, max-tokens 8192. Memory: at 8192 tokens the
+# peak is the optimizer state both sides share, so a second run at 32768 tokens shows activations.
+step benchmark_big 200 $PY scripts/benchmark.py --device cuda --ls-stack --warmup 3 --steps 6 --repeats 3 --json "$OUT_DIR/benchmark_big.json"
+step benchmark_mem 120 $PY scripts/benchmark.py --device cuda --ls-stack --fp16 --max-tokens 32768 --warmup 1 --steps 2 --repeats 1 --json "$OUT_DIR/benchmark_mem.json"
 step bench_criterion 60 $PY scripts/bench_criterion.py --device cuda
 step bench_optimizer 60 $PY scripts/bench_optimizer.py --device cuda
 echo "done in $((SECONDS - T0)) s: $OUT_DIR/report.md"
