@@ -170,14 +170,6 @@ def cases(s, device, dtype):
     return out
 
 
-def copy_bandwidth(device, nbytes=1 << 30):
-    """Bytes/s of a device-to-device copy of `nbytes` (read + write counted)."""
-    src = torch.empty(nbytes // 4, dtype=torch.float32, device=device).uniform_()
-    dst = torch.empty_like(src)
-    t = timeit(lambda: dst.copy_(src), device, warmup=3, repeats=20)
-    return 2 * nbytes / t
-
-
 _copy_seconds = {}
 
 
@@ -215,7 +207,7 @@ def main():
     args = ap.parse_args()
     dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[args.dtype]
     device = args.device
-    copy_bw = copy_bandwidth(device) if device == "cuda" else None
+    copy_bw = (2 << 30) / same_size_copy_seconds(device, 2 << 30) if device == "cuda" else None  # a 1 GB copy
     host = (torch.cuda.get_device_name() if device == "cuda"
             else f"CPU, {torch.get_num_threads()} threads")
     print(f"# bench_ops on {host}, torch {torch.__version__}, {args.dtype}, dropout p={P}")

@@ -270,13 +270,9 @@ void split_heads(const T* x, int64_t row_stride, const T* bias, T* const* out, i
         for (int64_t h = 0; h < H; ++h) {
           const int64_t c0 = p * E + h * hd;
           const T* sr = src + c0;
+          const T* bs = bias + c0;
           T* dr = out[p] + ((b * H + h) * Tlen + t) * hd;
-          if (bias) {
-            const T* bs = bias + c0;
-            for (int64_t c = 0; c < hd; ++c) dr[c] = static_cast<T>(static_cast<A>(sr[c]) + static_cast<A>(bs[c]));
-          } else {
-            std::memcpy(dr, sr, hd * sizeof(T));  // a plain copy: memcpy beats the alias-checked loop
-          }
+          for (int64_t c = 0; c < hd; ++c) dr[c] = static_cast<T>(static_cast<A>(sr[c]) + static_cast<A>(bs[c]));
         }
       }
     }

@@ -25,8 +25,8 @@ void attention_softmax_bwd(const T* dout, const T* y, T* dscores, int64_t rows, 
                            const DropoutParams& d);
 
 // Token-major -> head-major: for every part p < nparts (q, k, v),
-//   out[p][((b*H + h)*T + t)*hd + c] = x[(t*B + b)*row_stride + p*E + h*hd + c] (+ bias[p*E + h*hd + c])
-// with E = H*hd. x: [T, B, row_stride] T; bias: [nparts*E] T or nullptr; out[p]: [B*H, T, hd] T.
+//   out[p][((b*H + h)*T + t)*hd + c] = x[(t*B + b)*row_stride + p*E + h*hd + c] + bias[p*E + h*hd + c]
+// with E = H*hd. x: [T, B, row_stride] T; bias: [nparts*E] T; out[p]: [B*H, T, hd] T.
 template <typename T>
 void split_heads(const T* x, int64_t row_stride, const T* bias, T* const* out, int nparts, int64_t Tlen,
                  int64_t B, int64_t H, int64_t hd);

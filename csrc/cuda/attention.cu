@@ -18,6 +18,7 @@
 #include <type_traits>
 
 #include "attention.h"
+#include "column_sums.cuh"
 #include "dtype.cuh"
 #include "fls/philox.h"
 
@@ -28,7 +29,6 @@ namespace {
 constexpr int kSplitThreads = 256;
 constexpr int kColThreads = 256;
 constexpr int kVecThreads = 128;       // threads of a vector-path block
-constexpr int kFinalLanes = 8;         // row lanes of column_final_kernel
 constexpr int64_t kMinRowsPerChunk = 32;
 constexpr int64_t kTargetChunks = 512;  // few chunks: the partial sums stay small (<= 512 rows of floats)
 constexpr int kMaxVecSoftmaxTk = 1024;  // longest row the register-resident softmax holds
@@ -121,7 +121,22 @@ struct Parts {
   __device__ __forceinline__ T* operator[](int64_t i) const { return i == 0 ? p[0] : (i == 1 ? p[1] : p[2]); }
 };
 
-// Token-major [T, B, row_stride] -> head-major parts [B*H, T, hd] (+ bias). Grid-stride over the
+// Column c of a token row (nparts parts of E = H*hd columns) -> its part p, head h and position k.
+__device__ __forceinline__ void head_column(int64_t c, int64_t E, int64_t hd, int64_t& p, int64_t& h, int64_t& k) {
+  p = c / E;
+  const int64_t rem = c - p * E;
+  h = rem / hd;
+  k = rem - h * hd;
+}
+
+// Index of (head h, position k) of token row `row` ([T, B] order) in a head-major [B*H, T, hd] part.
+__device__ __forceinline__ int64_t head_major_index(int64_t row, int64_t h, int64_t k, int64_t Tlen, int64_t B,
+                                                    int64_t H, int64_t hd) {
+  const int64_t t = row / B, b = row - t * B;
+  return ((b * H + h) * Tlen + t) * hd + k;
+}
+
+// Token-major [T, B, row_stride] -> head-major parts [B*H, T, hd] plus bias. Grid-stride over the
 // token-major elements: reads coalesced, writes in runs of hd.
 template <typename T>
 __global__ void split_heads_kernel(const T* __restrict__ x, int64_t row_stride, const T* __restrict__ bias,
@@ -130,10 +145,10 @@ __global__ void split_heads_kernel(const T* __restrict__ x, int64_t row_stride, 
   for (int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; idx < total;
        idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t row = idx / width, c = idx - row * width;
-    const int64_t p = c / E, rem = c - p * E, h = rem / hd, k = rem - h * hd;
-    const int64_t t = row / B, b = row - t * B;
-    const T v = x[row * row_stride + c];
-    out[p][((b * H + h) * Tlen + t) * hd + k] = bias ? from_float<T>(to_float(v) + to_float(bias[c])) : v;
+    int64_t p, h, k;
+    head_column(c, E, hd, p, h, k);
+    out[p][head_major_index(row, h, k, Tlen, B, H, hd)] =
+        from_float<T>(to_float(x[row * row_stride + c]) + to_float(bias[c]));
   }
 }
 
@@ -145,9 +160,9 @@ __global__ void merge_heads_kernel(Parts<T> in, int nparts, T* __restrict__ y, i
   for (int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; idx < total;
        idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t row = idx / width, c = idx - row * width;
-    const int64_t p = c / E, rem = c - p * E, h = rem / hd, k = rem - h * hd;
-    const int64_t t = row / B, b = row - t * B;
-    y[row * row_stride + c] = in[p][((b * H + h) * Tlen + t) * hd + k];
+    int64_t p, h, k;
+    head_column(c, E, hd, p, h, k);
+    y[row * row_stride + c] = in[p][head_major_index(row, h, k, Tlen, B, H, hd)];
   }
 }
 
@@ -167,61 +182,22 @@ __global__ void split_bwd_kernel(Parts<T> in, T* __restrict__ dqkv, float* __res
   const int64_t E = H * hd, width = 3 * E, rows = Tlen * B;
   const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (c >= width) return;
-  const int64_t p = c / E, rem = c - p * E, h = rem / hd, k = rem - h * hd;
+  int64_t p, h, k;
+  head_column(c, E, hd, p, h, k);
   const int64_t r0 = static_cast<int64_t>(blockIdx.y) * rpc;
   const int64_t r1 = r0 + rpc < rows ? r0 + rpc : rows;
   float acc = 0.0f;
   for (int64_t row = r0; row < r1; ++row) {
-    const int64_t t = row / B, b = row - t * B;
-    const T v = in[p][((b * H + h) * Tlen + t) * hd + k];
+    const T v = in[p][head_major_index(row, h, k, Tlen, B, H, hd)];
     dqkv[row * width + c] = v;
     acc += to_float(v);
   }
   partial[blockIdx.y * width + c] = acc;
 }
 
-// sums[c] = sum over chunks k (in order) of partial[k, c]. Block (32 columns, 8 row lanes): lane ty
-// sums chunks ty, ty + 8, ... in order, then lane 0 adds the 8 lane sums in order (deterministic).
-template <typename T>
-__global__ void column_final_kernel(const float* __restrict__ partial, T* __restrict__ sums, int64_t chunks,
-                                    int64_t cols) {
-  __shared__ float lane_sum[kFinalLanes][32];
-  const int64_t c = static_cast<int64_t>(blockIdx.x) * 32 + threadIdx.x;
-  float s = 0.0f;
-  if (c < cols)
-    for (int64_t k = threadIdx.y; k < chunks; k += kFinalLanes) s += partial[k * cols + c];
-  lane_sum[threadIdx.y][threadIdx.x] = s;
-  __syncthreads();
-  if (threadIdx.y != 0 || c >= cols) return;
-  float total = 0.0f;
-#pragma unroll
-  for (int l = 0; l < kFinalLanes; ++l) total += lane_sum[l][threadIdx.x];
-  sums[c] = from_float<T>(total);
-}
 
 // ---------------------------------------------------------------------------------------------
 // 16-byte vector fast paths.
-
-template <typename T>
-struct Vec {
-  static constexpr int n = 16 / static_cast<int>(sizeof(T));  // elements per 16-byte vector
-};
-
-template <typename T>
-__device__ __forceinline__ void unpack(const uint4& u, float (&f)[Vec<T>::n]) {
-  const T* e = reinterpret_cast<const T*>(&u);
-#pragma unroll
-  for (int q = 0; q < Vec<T>::n; ++q) f[q] = to_float(e[q]);
-}
-
-template <typename T>
-__device__ __forceinline__ uint4 pack(const float (&f)[Vec<T>::n]) {
-  uint4 u;
-  T* e = reinterpret_cast<T*>(&u);
-#pragma unroll
-  for (int q = 0; q < Vec<T>::n; ++q) e[q] = from_float<T>(f[q]);
-  return u;
-}
 
 // Keep bits of the N (4 or 8) stream elements s .. s+N-1 as bits 0..N-1: one Philox group per 4
 // elements, plus one more when s is not a multiple of 4 (the range then straddles N/4 + 1 groups).
@@ -272,7 +248,7 @@ __global__ void __launch_bounds__(kVecThreads, 1)
     softmax_fwd_vec_kernel(const T* __restrict__ scores, const bool* __restrict__ pad_mask, T* __restrict__ y,
                            T* __restrict__ out, uint32_t rows, uint32_t HTq, uint32_t Tq, uint32_t Tk, bool causal,
                            float scale, DropoutParams d) {
-  constexpr int V = Vec<T>::n;
+  constexpr int V = Pack<T>::kN;
   const uint32_t lane = threadIdx.x % G;
   const uint32_t row = blockIdx.x * (kVecThreads / G) + threadIdx.x / G;
   const bool active = row < rows;  // inactive lanes still join the shuffles
@@ -345,7 +321,7 @@ template <typename T, int G, int VPL>
 __global__ void __launch_bounds__(kVecThreads, 1)
     softmax_bwd_vec_kernel(const T* __restrict__ dout, const T* __restrict__ y, T* __restrict__ ds, uint32_t rows,
                            uint32_t Tk, float scale, DropoutParams d) {
-  constexpr int V = Vec<T>::n;
+  constexpr int V = Pack<T>::kN;
   const uint32_t lane = threadIdx.x % G;
   const uint32_t row = blockIdx.x * (kVecThreads / G) + threadIdx.x / G;
   const bool active = row < rows;
@@ -416,20 +392,16 @@ __global__ void split_heads_vec_kernel(const uint4* __restrict__ x, uint32_t str
   uint32_t p, h, kv;
   split_column(g, cv, p, h, kv);
   uint4* o = out[p];
-  constexpr int V = Vec<T>::n;
+  constexpr int V = Pack<T>::kN;
   float bf[V];
-  if (bias) unpack<T>(bias[cv], bf);
+  unpack<T>(bias[cv], bf);
   for (uint32_t r = blockIdx.y * blockDim.y + threadIdx.y; r < g.rows; r += gridDim.y * blockDim.y) {
     const uint32_t t = r / g.B, b = r - t * g.B;
-    uint4 v = x[r * stride_v + cv];
-    if (bias) {
-      float f[V];
-      unpack<T>(v, f);
+    float f[V];
+    unpack<T>(x[r * stride_v + cv], f);
 #pragma unroll
-      for (int q = 0; q < V; ++q) f[q] += bf[q];
-      v = pack<T>(f);
-    }
-    o[g.head_index(h, kv, t, b)] = v;
+    for (int q = 0; q < V; ++q) f[q] += bf[q];
+    o[g.head_index(h, kv, t, b)] = pack<T>(f);
   }
 }
 
@@ -452,7 +424,7 @@ __global__ void merge_heads_vec_kernel(Parts<uint4> in, uint4* __restrict__ y, u
 template <typename T>
 __global__ void split_bwd_vec_kernel(Parts<uint4> in, uint4* __restrict__ dqkv, float* __restrict__ partial,
                                      SplitGeom g, uint32_t rpc) {
-  constexpr int V = Vec<T>::n;
+  constexpr int V = Pack<T>::kN;
   const uint32_t cv = blockIdx.x * blockDim.x + threadIdx.x;
   if (cv >= g.width_v) return;
   uint32_t p, h, kv;
@@ -517,7 +489,7 @@ unsigned vec_row_blocks(int64_t rows, int G) {
 template <typename T>
 bool softmax_fwd_vec(const T* scores, const bool* pad, T* y, T* out, int64_t B, int64_t H, int64_t Tq, int64_t Tk,
                      bool causal, float scale, const DropoutParams& d, cudaStream_t s) {
-  constexpr int V = Vec<T>::n;
+  constexpr int V = Pack<T>::kN;
   const int64_t rows = B * H * Tq;
   if (Tk % V != 0 || Tk > kMaxVecSoftmaxTk || rows > 2147483647LL) return false;
   if (!aligned16(scores) || !aligned16(y) || (out && !aligned16(out))) return false;
@@ -535,7 +507,7 @@ bool softmax_fwd_vec(const T* scores, const bool* pad, T* y, T* out, int64_t B, 
 template <typename T>
 bool softmax_bwd_vec(const T* dout, const T* y, T* ds, int64_t rows, int64_t Tk, float scale, const DropoutParams& d,
                      cudaStream_t s) {
-  constexpr int V = Vec<T>::n;
+  constexpr int V = Pack<T>::kN;
   if (Tk % V != 0 || Tk > kMaxVecSoftmaxTk || rows > 2147483647LL) return false;
   if (!aligned16(dout) || !aligned16(y) || !aligned16(ds)) return false;
   const int64_t nv = Tk / V;
@@ -551,7 +523,7 @@ bool softmax_bwd_vec(const T* dout, const T* y, T* ds, int64_t rows, int64_t Tk,
 // row stride multiples of V, and both index spaces (token-major, head-major) below 2^31 elements.
 template <typename T>
 bool split_geom(int64_t T_, int64_t B, int64_t H, int64_t hd, int nparts, int64_t row_stride, SplitGeom& g) {
-  constexpr int V = Vec<T>::n;
+  constexpr int V = Pack<T>::kN;
   if (hd % V != 0 || row_stride % V != 0) return false;
   const int64_t rows = T_ * B, width = nparts * H * hd;
   if (rows * (row_stride > width ? row_stride : width) > 2147483647LL || B * H * T_ * hd > 2147483647LL) return false;
@@ -610,7 +582,7 @@ int split_heads(DType dt, const void* x, int64_t row_stride, const void* bias, v
   if (total == 0) return 0;
   if (nparts < 1 || nparts > 3) return cudaErrorInvalidValue;
   auto s = static_cast<cudaStream_t>(stream);
-  bool aligned = aligned16(x) && (bias == nullptr || aligned16(bias));
+  bool aligned = aligned16(x) && aligned16(bias);
   for (int p = 0; p < nparts; ++p) aligned = aligned && aligned16(out[p]);
   FLS_CUDA_DISPATCH(
       dt, using U = scalar_t; SplitGeom g; if (aligned && split_geom<U>(T, B, H, hd, nparts, row_stride, g)) {
@@ -619,7 +591,7 @@ int split_heads(DType dt, const void* x, int64_t row_stride, const void* bias, v
         dim3 grid, block;
         split_launch_shape(g, grid, block);
         split_heads_vec_kernel<U><<<grid, block, 0, s>>>(
-            static_cast<const uint4*>(x), static_cast<uint32_t>(row_stride / Vec<U>::n),
+            static_cast<const uint4*>(x), static_cast<uint32_t>(row_stride / Pack<U>::kN),
             static_cast<const uint4*>(bias), parts, g);
       } else {
         Parts<U> parts{};
@@ -645,7 +617,7 @@ int merge_heads(DType dt, const void* const* in, int nparts, void* y, int64_t ro
         dim3 grid, block;
         split_launch_shape(g, grid, block);
         merge_heads_vec_kernel<<<grid, block, 0, s>>>(parts, static_cast<uint4*>(y),
-                                                      static_cast<uint32_t>(row_stride / Vec<U>::n), g);
+                                                      static_cast<uint32_t>(row_stride / Pack<U>::kN), g);
       } else {
         Parts<U> parts{};
         for (int p = 0; p < nparts; ++p) parts.p[p] = const_cast<U*>(static_cast<const U*>(in[p]));
@@ -677,9 +649,7 @@ int split_heads_bwd(DType dt, const void* const* in, void* dqkv, void* dbias, fl
         for (int p = 0; p < 3; ++p) parts.p[p] = const_cast<U*>(static_cast<const U*>(in[p]));
         split_bwd_kernel<U><<<dim3(col_tiles, static_cast<unsigned>(chunks)), kColThreads, 0, s>>>(
             parts, static_cast<U*>(dqkv), workspace, T, B, H, hd, rpc);
-      } column_final_kernel<U>
-      <<<static_cast<unsigned>((cols + 31) / 32), dim3(32, kFinalLanes), 0, s>>>(workspace, static_cast<U*>(dbias),
-                                                                                 chunks, cols));
+      } launch_column_sums<U>(workspace, static_cast<U*>(dbias), nullptr, nullptr, chunks, cols, s));
   FLS_CUDA_RETURN_LAST_ERROR();
 }
 

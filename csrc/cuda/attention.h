@@ -19,8 +19,8 @@ int attention_softmax_fwd(DType dt, const void* scores, const bool* key_padding_
 int attention_softmax_bwd(DType dt, const void* dout, const void* y, void* dscores, int64_t rows, int64_t Tk,
                           float scale, const DropoutParams& d, void* stream);
 
-// out[p][((b*H + h)*T + t)*hd + c] = x[(t*B + b)*row_stride + p*H*hd + h*hd + c] (+ bias[p*H*hd + h*hd + c]),
-// p < nparts <= 3. bias may be nullptr.
+// out[p][((b*H + h)*T + t)*hd + c] = x[(t*B + b)*row_stride + p*H*hd + h*hd + c] + bias[p*H*hd + h*hd + c],
+// p < nparts <= 3.
 int split_heads(DType dt, const void* x, int64_t row_stride, const void* bias, void* const* out, int nparts,
                 int64_t T, int64_t B, int64_t H, int64_t hd, void* stream);
 

@@ -9,13 +9,14 @@
 //  - backward: each thread owns one column vector (V columns) and walks R rows of a block chunk of
 //    by * R rows (a warp reads contiguous bytes of a row), writes dx and keeps V column partial sums in
 //    registers; the block adds its by threads' sums per column in a fixed order (shared memory) and
-//    writes one partial row per chunk. A second kernel sums the chunks in a fixed order, so dbias is
+//    writes one partial row per chunk. column_sums.cuh then adds the chunks in a fixed order, so dbias is
 //    deterministic: the chunking depends on the shape only.
 // General kernels (any offset alignment, any cols, unaligned pointers): forward and mask use one thread
 // per Philox group of 4 stream elements, grid-stride over any size; backward walks one column of a
 // 64-row chunk per thread (one Philox call per element). The mask is regenerated from (seed, offset),
 // never stored.
 #include "dropout.h"
+#include "column_sums.cuh"
 #include "dtype.cuh"
 #include "fls/philox.h"
 
@@ -30,7 +31,6 @@ constexpr int64_t kMaxGridY = 65535;
 // Fast backward: a block chunk is by * R rows with by = kThreads / bx >= kThreads / kMaxVecCols = 8 and
 // R >= 8, so it is never smaller than kRowsPerChunk and the general workspace size covers it.
 constexpr int kMaxVecCols = 32;
-constexpr int kFinalCols = 32, kFinalRows = 16;  // block of the chunk-sum kernel
 
 // 16 bytes of T: one vector load/store (V = 8 halves or 4 floats).
 template <typename T>
@@ -242,29 +242,6 @@ __global__ void __launch_bounds__(kThreads) bwd_vec_kernel(const T* __restrict__
   }
 }
 
-// dbias[c] = sum over chunks of partial[k, c]: thread (tx, ty) adds chunks ty, ty + kFinalRows, ...
-// in order, then thread ty == 0 adds the kFinalRows sums in order (fixed order, no atomics).
-template <typename T>
-__global__ void __launch_bounds__(kFinalCols* kFinalRows)
-    bwd_final_kernel(const float* __restrict__ partial, T* __restrict__ dbias, int64_t chunks, int64_t cols) {
-  __shared__ float red[kFinalRows][kFinalCols];
-  const int tx = threadIdx.x, ty = threadIdx.y;
-  const int64_t c = static_cast<int64_t>(blockIdx.x) * kFinalCols + tx;
-  float s = 0.0f;
-  if (c < cols) {
-#pragma unroll 4
-    for (int64_t k = ty; k < chunks; k += kFinalRows) s += partial[k * cols + c];
-  }
-  red[ty][tx] = s;
-  __syncthreads();
-  if (ty == 0 && c < cols) {
-    float t = 0.0f;
-#pragma unroll
-    for (int k = 0; k < kFinalRows; ++k) t += red[k][tx];
-    dbias[c] = from_float<T>(t);
-  }
-}
-
 // --- launchers ---
 bool aligned16(const void* p) { return p == nullptr || reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
@@ -337,8 +314,7 @@ void launch_bwd(const void* dy, const void* x, const void* bias, void* dx, void*
           rows, cols, chunks, d);
     }
   }
-  bwd_final_kernel<T><<<static_cast<unsigned>((cols + kFinalCols - 1) / kFinalCols), dim3(kFinalCols, kFinalRows), 0,
-                        s>>>(ws, static_cast<T*>(dbias), chunks, cols);
+  launch_column_sums<T>(ws, static_cast<T*>(dbias), nullptr, nullptr, chunks, cols, s);
 }
 
 }  // namespace

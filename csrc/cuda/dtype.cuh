@@ -70,6 +70,13 @@ __device__ __forceinline__ float unpack<__nv_bfloat16>(const uint4& u, int j) {
   return __bfloat162float(__ushort_as_bfloat16(static_cast<unsigned short>(word(u, j >> 1) >> ((j & 1) * 16))));
 }
 
+// All kN elements of u as floats.
+template <typename T>
+__device__ __forceinline__ void unpack(const uint4& u, float (&f)[Pack<T>::kN]) {
+#pragma unroll
+  for (int j = 0; j < Pack<T>::kN; ++j) f[j] = unpack<T>(u, j);
+}
+
 __device__ __forceinline__ uint32_t bits16(__half h) { return __half_as_ushort(h); }
 __device__ __forceinline__ uint32_t bits16(__nv_bfloat16 h) { return __bfloat16_as_ushort(h); }
 

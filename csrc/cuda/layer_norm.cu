@@ -6,6 +6,7 @@
 // General path (any other shape): one block per row, and a separate column-partial kernel.
 // Both paths finish the weight/bias gradients with the same deterministic column sum: the rows are cut
 // into chunks from the shape alone, each chunk is summed in a fixed order, then the chunks in order.
+#include "column_sums.cuh"
 #include "dtype.cuh"
 #include "layer_norm.h"
 
@@ -21,7 +22,6 @@ constexpr int kMaxFastCols = 1024;  // fast path: row length bound (registers an
 constexpr int kMaxElemsPerLane = 32;  // fast path: register bound, elements of a row per lane
 constexpr int64_t kTargetChunks = 1024;  // fast backward: about this many row chunks (blocks)
 constexpr int64_t kMinRowsPerChunk = 2 * kWarps;
-constexpr int kFinalCols = 32, kFinalGroups = 16;  // final column-sum kernel block shape
 
 
 __device__ __forceinline__ float warp_sum(float v) {
@@ -263,39 +263,6 @@ __global__ void ln_bwd_partial_kernel(const T* __restrict__ dy, const T* __restr
 }
 
 // ---------------------------------------------------------------------------------------------------
-// dw[c] = sum_k pw[k, c], db likewise, for both paths. Block (kFinalCols columns x kFinalGroups groups):
-// group g sums the chunks g, g + kFinalGroups, ... in order, then the groups are added in order, so the
-// result depends only on the chunk count (shape), never on timing.
-template <typename T>
-__global__ void __launch_bounds__(kFinalCols* kFinalGroups)
-    ln_bwd_final_kernel(const float* __restrict__ pw, const float* __restrict__ pb, T* __restrict__ dw,
-                        T* __restrict__ db, int64_t chunks, int64_t cols) {
-  __shared__ float sw_s[kFinalGroups][kFinalCols], sb_s[kFinalGroups][kFinalCols];
-  const int tc = threadIdx.x % kFinalCols, g = threadIdx.x / kFinalCols;
-  const int64_t c = static_cast<int64_t>(blockIdx.x) * kFinalCols + tc;
-  float sw = 0.f, sb = 0.f;
-  if (c < cols) {
-    // Unrolled so that several chunk loads are in flight (the adds stay in k order).
-#pragma unroll 8
-    for (int64_t k = g; k < chunks; k += kFinalGroups) {
-      sw += pw[k * cols + c];
-      sb += pb[k * cols + c];
-    }
-  }
-  sw_s[g][tc] = sw;
-  sb_s[g][tc] = sb;
-  __syncthreads();
-  if (g == 0 && c < cols) {
-    float tw = 0.f, tb = 0.f;
-#pragma unroll
-    for (int q = 0; q < kFinalGroups; ++q) {
-      tw += sw_s[q][tc];
-      tb += sb_s[q][tc];
-    }
-    dw[c] = from_float<T>(tw);
-    db[c] = from_float<T>(tb);
-  }
-}
 
 int64_t general_chunks(int64_t rows) { return (rows + kRowsPerChunk - 1) / kRowsPerChunk; }
 
@@ -379,8 +346,7 @@ void launch_bwd(const T* dy, const T* x, const T* w, const float* mean, const fl
           dy, x, mean, rstd, pw, pb, rows, cols);
     }
   }
-  const unsigned final_tiles = static_cast<unsigned>((cols + kFinalCols - 1) / kFinalCols);
-  ln_bwd_final_kernel<T><<<final_tiles, kFinalCols * kFinalGroups, 0, s>>>(pw, pb, dw, db, chunks, cols);
+  launch_column_sums<T>(pw, dw, pb, db, chunks, cols, s);
 }
 
 }  // namespace
