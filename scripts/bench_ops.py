@@ -4,8 +4,11 @@ PyTorch composition a fairseq layer uses, at Transformer-base and -big shapes (4
 
 CPU:  python scripts/bench_ops.py                      (fp32)
 CUDA: python scripts/bench_ops.py --device cuda --dtype fp16 --json out.json
-      also reports each kernel's achieved bandwidth (forward and backward separately) as a
-      fraction of a measured device-to-device copy.
+      also reports each op's achieved bandwidth (forward and backward separately) as a fraction
+      of a measured device-to-device copy, from the device time of the kernels it launches
+      (torch.profiler): at 4096 tokens one op's wall time is mostly host time (Python, launches),
+      which training hides by queueing ahead, so wall time cannot show what a kernel achieves.
+      Wall-time ratios are printed too.
 
 Ratios > 1 mean ours is faster. Inputs are random (never zeros); the same inputs feed all three.
 """
@@ -30,6 +33,8 @@ SHAPES = {
     # GPU bandwidth: the base/big tensors (4-32 MB) fit in an H200's 60 MB L2, so --shapes large gives
     # Transformer-big layers over 64k tokens (128 MB and more per tensor).
     "large": dict(tokens=65536, hidden=1024, ffn=4096, heads=16, seq=128, vocab=32000),
+    # a smoke run of the script itself (tests)
+    "tiny": dict(tokens=64, hidden=24, ffn=40, heads=3, seq=16, vocab=50),
 }
 P = 0.1  # dropout probability used everywhere (fairseq's usual 0.1 attention/activation/residual)
 
@@ -166,48 +171,70 @@ def cases(s, device, dtype):
     out.append(("embedding", (W,), rnd(B, T, C, grad=False),
                 lambda w_: ops.embedding(tok, w_, pos_table, 1, emb_scale, P),
                 lambda w_: reference.embedding(tok, w_, pos_table, 1, emb_scale, P, seed),
-                emb_comp, 2 * N * C * e, 2 * N * C * e))
+                # backward: read the gradient, write every row of the dense table gradient once
+                emb_comp, 2 * N * C * e, (N + V) * C * e))
     return out
+
+
+def kernel_seconds(fn, repeats=10):
+    """CUDA only: device seconds of one fn() call, i.e. the summed durations of the kernels, memsets
+    and copies it launches (CUPTI records, via torch.profiler), averaged over `repeats` calls after
+    one warm-up call. Host time (Python, launch gaps) is not in it."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(repeats):
+            fn()
+        torch.cuda.synchronize()
+    us = sum(e.time_range.elapsed_us() for e in prof.events() if e.device_type == DeviceType.CUDA)
+    return us / 1e6 / repeats
 
 
 _copy_seconds = {}
 
 
-def same_size_copy_seconds(device, nbytes):
-    """Seconds of one device-to-device copy moving `nbytes` in all (nbytes / 2 read, nbytes / 2
-    written), timed like the ops: at small sizes it pays the same launch overhead they do."""
+def copy_kernel_seconds(nbytes):
+    """Device seconds of one device-to-device copy moving `nbytes` in all (nbytes / 2 read, nbytes / 2
+    written): the yardstick for an op moving the same bytes."""
     if nbytes not in _copy_seconds:
-        src = torch.empty(max(1, nbytes // 8), dtype=torch.float32, device=device).uniform_()
+        src = torch.empty(max(1, nbytes // 8), dtype=torch.float32, device="cuda").uniform_()
         dst = torch.empty_like(src)
-        _copy_seconds[nbytes] = timeit(lambda: dst.copy_(src), device, warmup=3, repeats=10)
+        _copy_seconds[nbytes] = kernel_seconds(lambda: dst.copy_(src))
     return _copy_seconds[nbytes]
 
 
-def bandwidth(f, inputs, grad_out, device, nbytes_fwd, nbytes_bwd, copy_bw):
-    """Forward alone and backward alone: the fraction of the large copy's bandwidth achieved, and the
-    time of a same-size copy over ours (1.0 = as fast as a plain copy moving the same bytes)."""
+def bandwidth(f, inputs, grad_out, nbytes_fwd, nbytes_bwd, copy_bw):
+    """Forward alone and backward alone, from kernel device time: the fraction of the 1 GB copy's
+    bandwidth achieved, and a same-size copy's time over ours (1.0 = as fast as a copy moving the
+    same bytes). None where no kernel runs (a backward that is a view)."""
     out = f(*inputs)
     out = out[0] if isinstance(out, tuple) else out
-    t_f = timeit(lambda: f(*inputs), device)
     leaves = [t for t in inputs if isinstance(t, torch.Tensor) and t.requires_grad]
-    t_b = timeit(lambda: torch.autograd.grad(out, leaves, grad_out, retain_graph=True), device)
-    return (nbytes_fwd / t_f / copy_bw, nbytes_bwd / t_b / copy_bw,
-            same_size_copy_seconds(device, nbytes_fwd) / t_f, same_size_copy_seconds(device, nbytes_bwd) / t_b)
+    t_f = kernel_seconds(lambda: f(*inputs))
+    t_b = kernel_seconds(lambda: torch.autograd.grad(out, leaves, grad_out, retain_graph=True))
+
+    def frac(nbytes, t):
+        return (None, None) if t <= 0 else (nbytes / t / copy_bw, copy_kernel_seconds(nbytes) / t)
+
+    return frac(nbytes_fwd, t_f) + frac(nbytes_bwd, t_b)
 
 
-def main():
+def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     ap.add_argument("--dtype", default="fp32", choices=["fp32", "fp16", "bf16"])
-    ap.add_argument("--shapes", default="base,big")
+    ap.add_argument("--shapes", default="base,big", help=f"comma-separated, of {', '.join(SHAPES)}")
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--json", help="also write the results here")
     ap.add_argument("--skip-ref", action="store_true",
                     help="do not time the reference (the slow spec; the composition is the baseline that matters)")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[args.dtype]
     device = args.device
-    copy_bw = (2 << 30) / same_size_copy_seconds(device, 2 << 30) if device == "cuda" else None  # a 1 GB copy
+    copy_bw = (2 << 30) / copy_kernel_seconds(2 << 30) if device == "cuda" else None  # a 1 GB copy
     host = (torch.cuda.get_device_name() if device == "cuda"
             else f"CPU, {torch.get_num_threads()} threads")
     print(f"# bench_ops on {host}, torch {torch.__version__}, {args.dtype}, dropout p={P}")
@@ -215,9 +242,11 @@ def main():
         print(f"# device-to-device copy: {copy_bw / 1e9:.0f} GB/s")
     header = f"{'shape':5s} {'op':28s} {'ours ms':>9s} {'ref ms':>9s} {'comp ms':>9s} {'vs ref':>7s} {'vs comp':>8s}"
     if copy_bw:
-        # BW: fraction of the 1 GB copy's bandwidth; "vs copy": a copy moving the same bytes, its
-        # time over ours (launch overhead included on both sides)
-        header += f" {'fwd BW':>7s} {'bwd BW':>7s} {'fwd vs copy':>12s} {'bwd vs copy':>12s}"
+        # From kernel device time: "vs comp kern", the composition's fwd+bwd kernel time over ours;
+        # BW, the fraction of the 1 GB copy's bandwidth; "vs copy", a copy moving the same bytes, its
+        # kernel time over ours.
+        header += (f" {'vs comp kern':>12s} {'fwd BW':>7s} {'bwd BW':>7s} {'fwd vs copy':>12s}"
+                   f" {'bwd vs copy':>12s}")
     print(header)
     rows = []
     for shape in args.shapes.split(","):
@@ -233,9 +262,13 @@ def main():
             line = (f"{shape:5s} {name:28s} {t_o * 1e3:9.2f} {t_r * 1e3:9.2f} {t_c * 1e3:9.2f} "
                     f"{t_r / t_o:6.2f}x {t_c / t_o:7.2f}x")
             if copy_bw:
-                fb, bbw, fc, bc = bandwidth(ours, inputs, gout, device, bf, bb, copy_bw)
-                row.update(fwd_bw_frac=fb, bwd_bw_frac=bbw, fwd_vs_same_size_copy=fc, bwd_vs_same_size_copy=bc)
-                line += f" {fb:6.0%} {bbw:6.0%} {fc:11.0%} {bc:11.0%}"
+                k_o, k_c = (kernel_seconds(fwd_bwd(f, inputs, gout)) for f in (ours, comp))
+                fb, fc, bbw, bc = bandwidth(ours, inputs, gout, bf, bb, copy_bw)
+                row.update(ours_kernel_ms=k_o * 1e3, comp_kernel_ms=k_c * 1e3, speedup_vs_comp_kernels=k_c / k_o,
+                           fwd_bw_frac=fb, bwd_bw_frac=bbw, fwd_vs_same_size_copy=fc, bwd_vs_same_size_copy=bc)
+                line += f" {k_c / k_o:11.2f}x" + "".join(
+                    f" {v:{w}.0%}" if v is not None else f" {'view':>{w}s}" for v, w in
+                    ((fb, 7), (bbw, 7), (fc, 12), (bc, 12)))
             print(line, flush=True)
             rows.append(row)
     if args.json:

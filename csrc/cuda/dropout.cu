@@ -173,6 +173,9 @@ __global__ void bwd_partial_kernel(const T* __restrict__ dy, const T* __restrict
 // k*by*R .. k*by*R + by*R - 1; thread (tx, ty) takes rows k*by*R + i*by + ty, i < R (so the block's
 // warps read consecutive rows together), for column vector vc = blockIdx.x * bx + tx. The by partial
 // sums of a column are then added in the order ty = 0 .. by-1: the chunk sum depends on the shape only.
+template <Act ACT>
+constexpr bool kGeluLike = ACT == Act::kGelu || ACT == Act::kGeluTanh;
+
 template <typename T, Act ACT>
 __global__ void __launch_bounds__(kThreads) bwd_vec_kernel(const T* __restrict__ dy, const T* __restrict__ x,
                                                            const T* __restrict__ bias, T* __restrict__ dx,
@@ -200,11 +203,14 @@ __global__ void __launch_bounds__(kThreads) bwd_vec_kernel(const T* __restrict__
     for (int j = 0; j < V; ++j) s[j] = 0.0f;
     if (active) {
       const int64_t r0 = chunk * chunk_rows + ty;  // this thread's first row
-      // Rows r0 + i*by < rows for i < n_i (one division per chunk, not per element).
+      // Rows r0 + i*by < rows for i < n_i. Only a chunk's tail divides, in 32 bits (left < chunk_rows
+      // <= 4096 there): a 64-bit division is a subroutine call, whose saved registers spilled.
       const int64_t left = rows - r0;
-      int n_i = left <= 0 ? 0 : static_cast<int>((left + by - 1) / by < rows_per_thread ? (left + by - 1) / by
-                                                                                          : rows_per_thread);
-#pragma unroll 4
+      const int n_i = left <= 0 ? 0
+                      : left >= chunk_rows ? rows_per_thread
+                                           : (static_cast<int>(left) + by - 1) / by;
+      // 4 rows in flight hide load latency; gelu's gradient needs the registers of 2 (4 spills).
+#pragma unroll(kGeluLike<ACT> ? 2 : 4)
       for (int i = 0; i < n_i; ++i) {
         const int64_t e = (r0 + static_cast<int64_t>(i) * by) * cols + static_cast<int64_t>(vc) * V;
         const Vec<T> gv = *reinterpret_cast<const Vec<T>*>(dy + e);

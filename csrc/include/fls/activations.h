@@ -38,7 +38,7 @@ constexpr double kTanhCubic = 0.044715;
 // exp_f32(-x * x), passed in so gelu_grad can reuse it for the normal pdf.
 FLS_HD float erf_f32(float x, float e) {
   const float a = x < 0.0f ? -x : x;
-  const float t = 1.0f / (1.0f + 0.3275911f * a);
+  const float t = div_ge1(1.0f, 1.0f + 0.3275911f * a);
   float q = 1.061405429f;
   q = q * t - 1.453152027f;
   q = q * t + 1.421413741f;
@@ -52,7 +52,7 @@ FLS_HD float erf_f32(float x) { return erf_f32(x, exp_f32(-x * x)); }
 // tanh(u) = 1 - 2 / (exp(2|u|) + 1) with u's sign; absolute error about 1e-7.
 FLS_HD float tanh_f32(float u) {
   const float a = u < 0.0f ? -u : u;
-  const float t = 1.0f - 2.0f / (exp_f32(2.0f * a) + 1.0f);
+  const float t = 1.0f - div_ge1(2.0f, exp_f32(2.0f * a) + 1.0f);
   return u < 0.0f ? -t : t;
 }
 
