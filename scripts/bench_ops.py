@@ -8,7 +8,7 @@ CUDA: python scripts/bench_ops.py --device cuda --dtype fp16 --json out.json
       of a measured device-to-device copy, from the device time of the kernels it launches
       (torch.profiler): at 4096 tokens one op's wall time is mostly host time (Python, launches),
       which training hides by queueing ahead, so wall time cannot show what a kernel achieves.
-      Wall-time ratios are printed too.
+      Wall-time ratios are printed too; the JSON also lists each op's longest kernels.
 
 Ratios > 1 mean ours is faster. Inputs are random (never zeros); the same inputs feed all three.
 """
@@ -176,10 +176,10 @@ def cases(s, device, dtype):
     return out
 
 
-def kernel_seconds(fn, repeats=10):
-    """CUDA only: device seconds of one fn() call, i.e. the summed durations of the kernels, memsets
-    and copies it launches (CUPTI records, via torch.profiler), averaged over `repeats` calls after
-    one warm-up call. Host time (Python, launch gaps) is not in it."""
+def kernel_times(fn, repeats=10):
+    """CUDA only: {kernel name: device seconds per fn() call} for the kernels, memsets and copies fn
+    launches (CUPTI records, via torch.profiler), averaged over `repeats` calls after one warm-up
+    call. Host time (Python, launch gaps) is not in it."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
@@ -189,8 +189,22 @@ def kernel_seconds(fn, repeats=10):
         for _ in range(repeats):
             fn()
         torch.cuda.synchronize()
-    us = sum(e.time_range.elapsed_us() for e in prof.events() if e.device_type == DeviceType.CUDA)
-    return us / 1e6 / repeats
+    times = {}
+    for e in prof.events():
+        if e.device_type == DeviceType.CUDA:
+            times[e.name] = times.get(e.name, 0.0) + e.time_range.elapsed_us() / 1e6 / repeats
+    return times
+
+
+def kernel_seconds(fn, repeats=10):
+    """CUDA only: device seconds of one fn() call, all its kernels together (see kernel_times)."""
+    return sum(kernel_times(fn, repeats).values())
+
+
+def top_kernels(times, k=4):
+    """The k longest kernels of a kernel_times result as [(short name, microseconds)]."""
+    top = sorted(times.items(), key=lambda kv: -kv[1])[:k]
+    return [(name.split("(")[0][-60:], round(t * 1e6, 1)) for name, t in top]
 
 
 _copy_seconds = {}
@@ -209,17 +223,18 @@ def copy_kernel_seconds(nbytes):
 def bandwidth(f, inputs, grad_out, nbytes_fwd, nbytes_bwd, copy_bw):
     """Forward alone and backward alone, from kernel device time: the fraction of the 1 GB copy's
     bandwidth achieved, and a same-size copy's time over ours (1.0 = as fast as a copy moving the
-    same bytes). None where no kernel runs (a backward that is a view)."""
+    same bytes). None where no kernel runs (a backward that is a view). Then the longest kernels of each."""
     out = f(*inputs)
     out = out[0] if isinstance(out, tuple) else out
     leaves = [t for t in inputs if isinstance(t, torch.Tensor) and t.requires_grad]
-    t_f = kernel_seconds(lambda: f(*inputs))
-    t_b = kernel_seconds(lambda: torch.autograd.grad(out, leaves, grad_out, retain_graph=True))
+    k_f = kernel_times(lambda: f(*inputs))
+    k_b = kernel_times(lambda: torch.autograd.grad(out, leaves, grad_out, retain_graph=True))
+    t_f, t_b = sum(k_f.values()), sum(k_b.values())
 
     def frac(nbytes, t):
         return (None, None) if t <= 0 else (nbytes / t / copy_bw, copy_kernel_seconds(nbytes) / t)
 
-    return frac(nbytes_fwd, t_f) + frac(nbytes_bwd, t_b)
+    return frac(nbytes_fwd, t_f) + frac(nbytes_bwd, t_b) + (top_kernels(k_f), top_kernels(k_b))
 
 
 def main(argv=None):
@@ -263,9 +278,10 @@ def main(argv=None):
                     f"{t_r / t_o:6.2f}x {t_c / t_o:7.2f}x")
             if copy_bw:
                 k_o, k_c = (kernel_seconds(fwd_bwd(f, inputs, gout)) for f in (ours, comp))
-                fb, fc, bbw, bc = bandwidth(ours, inputs, gout, bf, bb, copy_bw)
+                fb, fc, bbw, bc, kf, kb = bandwidth(ours, inputs, gout, bf, bb, copy_bw)
                 row.update(ours_kernel_ms=k_o * 1e3, comp_kernel_ms=k_c * 1e3, speedup_vs_comp_kernels=k_c / k_o,
-                           fwd_bw_frac=fb, bwd_bw_frac=bbw, fwd_vs_same_size_copy=fc, bwd_vs_same_size_copy=bc)
+                           fwd_bw_frac=fb, bwd_bw_frac=bbw, fwd_vs_same_size_copy=fc, bwd_vs_same_size_copy=bc,
+                           fwd_top_kernels_us=kf, bwd_top_kernels_us=kb)
                 line += f" {k_c / k_o:11.2f}x" + "".join(
                     f" {v:{w}.0%}" if v is not None else f" {'view':>{w}s}" for v, w in
                     ((fb, 7), (bbw, 7), (fc, 12), (bc, 12)))
