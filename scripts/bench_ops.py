@@ -247,6 +247,11 @@ def main(argv=None):
     ap.add_argument("--skip-ref", action="store_true",
                     help="do not time the reference (the slow spec; the composition is the baseline that matters)")
     args = ap.parse_args(argv)
+    unknown = [x for x in args.shapes.split(",") if x not in SHAPES]
+    if unknown:
+        ap.error(f"--shapes: unknown {', '.join(unknown)}; choose from {', '.join(SHAPES)}")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        ap.error("--device cuda: torch sees no CUDA device")
     dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[args.dtype]
     device = args.device
     copy_bw = (2 << 30) / copy_kernel_seconds(2 << 30) if device == "cuda" else None  # a 1 GB copy
