@@ -281,6 +281,8 @@ def test_autocast_is_as_close_to_fp32_as_fairseq(name):
     assert rel_err(out, out32) < 2 * rel_err(out_ref, out32) + 1e-2
     # Gradients: bf16 rounding noise. Measured: relative norm error of all gradients 3.5e-2 (post-LN)
     # and 1.1e-2 (pre-LN) for ours, 0.9e-2 / 1.0e-2 for fairseq's; every tensor's cosine >= 0.995.
+    # The post-LN gap is one or two relu mask flips in fc1 on this tiny model; at a realistic FFN size
+    # ours is within 10% of fairseq's error (test_dropout.py, ..._under_autocast_...).
     names = [n for n in g32 if not n.endswith("k_proj.bias")]  # k_proj.bias: zero in exact arithmetic
 
     def flat(grads):
