@@ -203,8 +203,12 @@ def kernel_seconds(fn, repeats=10):
 
 def top_kernels(times, k=4):
     """The k longest kernels of a kernel_times result as [(short name, microseconds)]."""
+    def short(name):  # "void ns::(anonymous namespace)::kern<half, 16>(args)" -> "ns::kern<half, 16>"
+        name = name.replace("(anonymous namespace)::", "")
+        return name.removeprefix("void ").split("(")[0].strip()[:100]
+
     top = sorted(times.items(), key=lambda kv: -kv[1])[:k]
-    return [(name.split("(")[0][-60:], round(t * 1e6, 1)) for name, t in top]
+    return [(short(name), round(t * 1e6, 1)) for name, t in top]
 
 
 _copy_seconds = {}

@@ -44,3 +44,11 @@ def test_bench_ops_cuda_columns(tmp_path):
     for name, r in rows.items():
         assert r["ours_kernel_ms"] > 0 and r["comp_kernel_ms"] > 0, name
         assert r["fwd_bw_frac"] > 0 and r["fwd_top_kernels_us"], name
+
+
+def test_top_kernels_shortens_names_longest_first():
+    times = {"void fls::cuda::(anonymous namespace)::softmax_fwd_vec_kernel<__half, 16, 1>(__half const*, int)": 1e-5,
+             "Memset (Device)": 2e-6,
+             "void at::native::elementwise_kernel<128, 4>(int, at::native::Loop)": 3e-6}
+    assert bench_ops.top_kernels(times, k=2) == [("fls::cuda::softmax_fwd_vec_kernel<__half, 16, 1>", 10.0),
+                                                  ("at::native::elementwise_kernel<128, 4>", 3.0)]
