@@ -80,14 +80,13 @@ def timeit_interleaved(fns, device, warmup=3, repeats=10, inner=10):
 
 
 def fwd_bwd(f, inputs, grad_out):
-    """A closure running f(*inputs) forward and backward with grad_out."""
+    """A closure running f(*inputs) forward and backward with grad_out (a tuple of gradients for an op
+    with several outputs)."""
     def run():
         for t in inputs:
             if isinstance(t, torch.Tensor) and t.requires_grad:
                 t.grad = None
-        out = f(*inputs)
-        out = out[0] if isinstance(out, tuple) else out
-        out.backward(grad_out)
+        torch.autograd.backward(f(*inputs), grad_out)
     return run
 
 
@@ -139,17 +138,19 @@ def cases(s, device, dtype):
 
     qkv, qb = rnd(T, B, 3 * C), rnd(3 * C)
 
+    # The same outputs (contiguous [B*H, T, hd] heads) in plain PyTorch. fairseq's own layer has no
+    # such step: it adds each bias inside its q/k/v projection GEMM and hands bmm strided views, so
+    # against fairseq this op is one extra pass, paid for by one fused QKV GEMM and the q scaling it
+    # folds into the softmax; benchmark.py's training step is the measure that counts.
     def split_comp(t, bias):
-        y = (t + bias).view(T, B * H, 3, C // H)
-        return tuple(y[:, :, i].transpose(0, 1).contiguous() for i in range(3))
+        y = (t + bias).view(T, B, 3, H, C // H)
+        return tuple(y[:, :, i].permute(1, 2, 0, 3).reshape(B * H, T, C // H) for i in range(3))  # one copy each
 
-    def cat3(f):
-        return lambda *a: torch.cat([y.reshape(-1) for y in f(*a)])
-
-    out.append(("qkv_bias_split", (qkv, qb), rnd(3 * N * C, grad=False),
-                cat3(lambda t, bias: ops.qkv_bias_split(t, bias, H)),
-                cat3(lambda t, bias: reference.qkv_bias_split(t, bias, H)),
-                cat3(split_comp), 2 * 3 * N * C * e, 2 * 3 * N * C * e))
+    # three outputs, three gradients (no concatenation: its copy would be timed and counted as ours)
+    out.append(("qkv_bias_split", (qkv, qb), tuple(rnd(B * H, T, C // H, grad=False) for _ in range(3)),
+                lambda t, bias: ops.qkv_bias_split(t, bias, H),
+                lambda t, bias: reference.qkv_bias_split(t, bias, H),
+                split_comp, 2 * 3 * N * C * e, 2 * 3 * N * C * e))
 
     o = rnd(B * H, T, C // H)
     out.append(("merge_heads", (o,), rnd(T, B, C, grad=False),
@@ -229,7 +230,6 @@ def bandwidth(f, inputs, grad_out, nbytes_fwd, nbytes_bwd, copy_bw):
     bandwidth achieved, and a same-size copy's time over ours (1.0 = as fast as a copy moving the
     same bytes). None where no kernel runs (a backward that is a view). Then the longest kernels of each."""
     out = f(*inputs)
-    out = out[0] if isinstance(out, tuple) else out
     leaves = [t for t in inputs if isinstance(t, torch.Tensor) and t.requires_grad]
     k_f = kernel_times(lambda: f(*inputs))
     k_b = kernel_times(lambda: torch.autograd.grad(out, leaves, grad_out, retain_graph=True))

@@ -52,3 +52,15 @@ def test_top_kernels_shortens_names_longest_first():
              "void at::native::elementwise_kernel<128, 4>(int, at::native::Loop)": 3e-6}
     assert bench_ops.top_kernels(times, k=2) == [("fls::cuda::softmax_fwd_vec_kernel<__half, 16, 1>", 10.0),
                                                   ("at::native::elementwise_kernel<128, 4>", 3.0)]
+
+
+def test_compositions_compute_what_the_ops_compute():
+    """The PyTorch compositions we time against must be the same function (the ops without dropout)."""
+    checked = 0
+    for name, inputs, _, _, ref, comp, _, _ in bench_ops.cases(bench_ops.SHAPES["tiny"], "cpu", torch.float64):
+        if name in ("layer_norm", "qkv_bias_split", "merge_heads"):
+            a, b = comp(*inputs), ref(*inputs)
+            for x, y in zip(a if isinstance(a, tuple) else (a,), b if isinstance(b, tuple) else (b,)):
+                torch.testing.assert_close(x, y)
+            checked += 1
+    assert checked == 3
