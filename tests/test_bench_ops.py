@@ -55,12 +55,25 @@ def test_top_kernels_shortens_names_longest_first():
 
 
 def test_compositions_compute_what_the_ops_compute():
-    """The PyTorch compositions we time against must be the same function (the ops without dropout)."""
+    """The PyTorch compositions we time against must be the same function (the ops without dropout).
+    The QKV composition takes its input as the biased projection (BiasInLinear: fairseq's GEMM adds
+    the bias), so the op is checked with a zero bias there."""
     checked = 0
     for name, inputs, _, _, ref, comp, _, _ in bench_ops.cases(bench_ops.SHAPES["tiny"], "cpu", torch.float64):
         if name in ("layer_norm", "qkv_bias_split", "merge_heads"):
-            a, b = comp(*inputs), ref(*inputs)
+            a = comp(*inputs)
+            b = ref(inputs[0], torch.zeros_like(inputs[1])) if name == "qkv_bias_split" else ref(*inputs)
             for x, y in zip(a if isinstance(a, tuple) else (a,), b if isinstance(b, tuple) else (b,)):
                 torch.testing.assert_close(x, y)
             checked += 1
     assert checked == 3
+
+
+def test_bias_in_linear_is_free_forward_and_owes_the_bias_gradient():
+    x = torch.randn(2, 3, 5, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(5, dtype=torch.float64, requires_grad=True)
+    y = bench_ops.BiasInLinear.apply(x, b)
+    assert torch.equal(y, x)
+    dy = torch.randn(2, 3, 5, dtype=torch.float64)
+    y.backward(dy)
+    assert torch.equal(x.grad, dy) and torch.allclose(b.grad, dy.sum((0, 1)))
