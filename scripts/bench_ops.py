@@ -159,7 +159,8 @@ def cases(s, device, dtype):
     # the q scaling it folds into the softmax; benchmark.py's training step is the measure that counts.
     def split_comp(t, bias):
         y = BiasInLinear.apply(t, bias).view(T, B, 3, H, C // H)
-        return tuple(y[:, :, i].permute(1, 2, 0, 3).reshape(B * H, T, C // H) for i in range(3))  # one copy each
+        # one copy each; unbind's backward writes the [T, B, 3E] gradient once (indexing would sum 3)
+        return tuple(part.permute(1, 2, 0, 3).reshape(B * H, T, C // H) for part in y.unbind(2))
 
     # three outputs, three gradients (no concatenation: its copy would be timed and counted as ours)
     out.append(("qkv_bias_split", (qkv, qb), tuple(rnd(B * H, T, C // H, grad=False) for _ in range(3)),
@@ -261,6 +262,7 @@ def main(argv=None):
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     ap.add_argument("--dtype", default="fp32", choices=["fp32", "fp16", "bf16"])
     ap.add_argument("--shapes", default="base,big", help=f"comma-separated, of {', '.join(SHAPES)}")
+    ap.add_argument("--ops", help="comma-separated op names to run (default: all)")
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--json", help="also write the results here")
     ap.add_argument("--skip-ref", action="store_true",
@@ -290,6 +292,8 @@ def main(argv=None):
     rows = []
     for shape in args.shapes.split(","):
         for name, inputs, gout, ours, ref, comp, bf, bb in cases(SHAPES[shape], device, dtype):
+            if args.ops and name not in args.ops.split(","):
+                continue
             t_o, t_c = timeit_interleaved([fwd_bwd(ours, inputs, gout), fwd_bwd(comp, inputs, gout)], device,
                                           repeats=args.repeats)
             # The reference draws its dropout masks with Philox in int64 torch ops: seconds per call
