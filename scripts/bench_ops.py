@@ -271,6 +271,10 @@ def main(argv=None):
     unknown = [x for x in args.shapes.split(",") if x not in SHAPES]
     if unknown:
         ap.error(f"--shapes: unknown {', '.join(unknown)}; choose from {', '.join(SHAPES)}")
+    names = [c[0] for c in cases(SHAPES["tiny"], "cpu", torch.float32)]
+    unknown = [x for x in (args.ops or "").split(",") if x and x not in names]
+    if unknown:
+        ap.error(f"--ops: unknown {', '.join(unknown)}; choose from {', '.join(names)}")
     if args.device == "cuda" and not torch.cuda.is_available():
         ap.error("--device cuda: torch sees no CUDA device")
     dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[args.dtype]
