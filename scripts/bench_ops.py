@@ -33,6 +33,8 @@ SHAPES = {
     # GPU bandwidth: the base/big tensors (4-32 MB) fit in an H200's 60 MB L2, so --shapes large gives
     # Transformer-big layers over 64k tokens (128 MB and more per tensor).
     "large": dict(tokens=65536, hidden=1024, ffn=4096, heads=16, seq=128, vocab=32000),
+    # long sequences: 2048 keys take the attention kernels' general (not register-row) path
+    "long": dict(tokens=16384, hidden=1024, ffn=4096, heads=16, seq=2048, vocab=32000),
     # a smoke run of the script itself (tests)
     "tiny": dict(tokens=64, hidden=24, ffn=40, heads=3, seq=16, vocab=50),
 }

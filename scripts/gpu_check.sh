@@ -71,7 +71,7 @@ $PY -c "import xdist" 2> /dev/null && par="-n 8"
 $PY -c "import pytest_timeout" 2> /dev/null && par="$par --timeout 90"
 step tests_cuda 150 $PY -m pytest -q -m cuda $par -rfE -p no:cacheprovider tests --junitxml="$LOGS/tests_cuda.xml"
 
-step bench_ops_fp16 120 $PY scripts/bench_ops.py --device cuda --dtype fp16 --shapes base,big,large --skip-ref --json "$OUT_DIR/bench_ops_fp16.json"
+step bench_ops_fp16 150 $PY scripts/bench_ops.py --device cuda --dtype fp16 --shapes base,big,large,long --skip-ref --json "$OUT_DIR/bench_ops_fp16.json"
 step bench_ops_bf16 120 $PY scripts/bench_ops.py --device cuda --dtype bf16 --shapes base,big,large --skip-ref --json "$OUT_DIR/bench_ops_bf16.json"
 # Throughput: 3 warm-up steps (run 2 with 1 showed fairseq's first timed repeats 1.8x slower than
 # its later ones), 3 x 6 timed steps, fp16 and bf16, max-tokens 8192. Memory: at 8192 tokens the
