@@ -86,20 +86,25 @@ def test_gradcheck_bias_act_dropout_float64(act, shape):
     assert torch.autograd.gradcheck(lambda x, b: BiasActDropoutFunction.apply(x, b, 0.4, act, SEED, 0), (x, b))
 
 
-def test_float_activations_match_float64_formulas():
-    # The branch-free float exp/erf/tanh of fls/activations.h against float64 over a wide range:
-    # absolute error ~5e-7 at worst (erf approximation), far inside the fp32 kernel tolerance.
-    x = torch.linspace(-12, 12, 20001, dtype=torch.float64)
-    zero = torch.zeros(1, dtype=torch.float64)
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+def test_float_activations_match_float64_formulas(device):
+    """The branch-free float exp/erf/tanh of fls/activations.h (on CUDA with __fdividef for their
+    divides) against float64 over a wide range and at extremes where the divides' denominators
+    overflow or exceed 2^126: absolute error ~5e-7 at worst (erf approximation), far inside the fp32
+    kernel tolerance. 8 columns, so the CUDA vector kernels run."""
+    x = torch.linspace(-12, 12, 20000, dtype=torch.float64)
+    big = torch.tensor([43.0, 44.5, 50.0, 88.0, 1e4, 1e13, 1e20, 3e38], dtype=torch.float64)
+    x = torch.cat([x, big, -big]).view(-1, 8)
+    zero = torch.zeros(8, dtype=torch.float64)
+    f = torch.ops.fairseq_lightseq
     for act in ACTS:
-        got = torch.ops.fairseq_lightseq.bias_act_dropout_fwd(x.float().view(-1, 1), torch.zeros(1), 0.0, act, 0, 0)
-        want = reference.activation(x, act).view(-1, 1)
-        torch.testing.assert_close(got.double(), want, rtol=2e-6, atol=1e-6)
-        dx, _ = torch.ops.fairseq_lightseq.bias_act_dropout_bwd(torch.ones(x.numel(), 1), x.float().view(-1, 1),
-                                                                torch.zeros(1), 0.0, act, 0, 0)
-        dref, _ = torch.ops.fairseq_lightseq.bias_act_dropout_bwd(torch.ones(x.numel(), 1, dtype=torch.float64),
-                                                                  x.view(-1, 1), zero, 0.0, act, 0, 0)
-        torch.testing.assert_close(dx.double(), dref, rtol=2e-6, atol=1e-6)
+        got = f.bias_act_dropout_fwd(x.float().to(device), torch.zeros(8, device=device), 0.0, act, 0, 0)
+        want = reference.activation(x, act)
+        torch.testing.assert_close(got.double().cpu(), want, rtol=2e-6, atol=1e-6)
+        dx, _ = f.bias_act_dropout_bwd(torch.ones(x.shape, device=device), x.float().to(device),
+                                       torch.zeros(8, device=device), 0.0, act, 0, 0)
+        dref, _ = f.bias_act_dropout_bwd(torch.ones(x.shape, dtype=torch.float64), x, zero, 0.0, act, 0, 0)
+        torch.testing.assert_close(dx.double().cpu(), dref, rtol=2e-6, atol=1e-6)
 
 
 def test_dbias_does_not_depend_on_thread_count():

@@ -84,10 +84,14 @@ FLS_HD double gelu_tanh(double x) {
 }
 
 // d/dx = 0.5 (1 + t) + 0.5 x (1 - t^2) sqrt(2/pi) (1 + 3 * 0.044715 x^2), t = tanh(u).
+// x^2 is capped at 1e30: beyond |x| ~ 1.8e19 it overflows float, and the saturated gradient (t = +-1,
+// so 1 - t^2 = 0) would become 0 * inf = NaN instead of 1 or 0 (PyTorch's own fp32 gelu backward
+// has that NaN). Below the cap nothing changes: there 1 - t^2 is already 0 for |x| > ~5.
 FLS_HD float gelu_tanh_grad(float x) {
   const float k0 = static_cast<float>(act_const::kSqrt2OverPi), k1 = static_cast<float>(act_const::kTanhCubic);
-  const float t = tanh_f32(k0 * (x + k1 * x * x * x));
-  return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * k0 * (1.0f + 3.0f * k1 * x * x);
+  const float x2 = clamp_above(x * x, 1e30f);
+  const float t = tanh_f32(k0 * (x + k1 * x2 * x));
+  return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * k0 * (1.0f + 3.0f * k1 * x2);
 }
 FLS_HD double gelu_tanh_grad(double x) {
   const double k0 = act_const::kSqrt2OverPi, k1 = act_const::kTanhCubic;
