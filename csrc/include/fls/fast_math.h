@@ -62,9 +62,8 @@ FLS_HD float exp_f32(float x) { return exp_nonpos_f32(clamp_above(x, 88.0f)); }
 // (__fdividef, within 2 ulp): an IEEE divide there is a reciprocal, refinement FMAs and a branch to a
 // slow-path subroutine per element. The vectorised fp16 gelu kernels had 16 (forward) and 53
 // (backward) such calls in their SASS, and reached 33% / 43% of copy bandwidth on an H200, against
-// relu's 68% / 73%. __fdividef returns 0 for
-// b > 2^126, the right limit for the callers (a / b there is below float's precision of their 1 - a / b).
-// The CPU divides exactly (and vectorises the divide).
+// relu's 68% / 73%. __fdividef returns 0 for b > 2^126, the right limit for the callers (a / b there
+// is below float's precision of their 1 - a / b). The CPU divides exactly (and vectorises the divide).
 FLS_HD float div_ge1(float a, float b) {
 #ifdef __CUDA_ARCH__
   return __fdividef(a, b);
