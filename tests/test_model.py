@@ -161,6 +161,26 @@ def test_beam_search_matches_fairseq():
                                                 decoder_learned_pos=True, layernorm_embedding=True,
                                                 encoder_normalize_before=True, decoder_normalize_before=True)],
                          ids=["base", "shared_learned_preln"])
+def test_fresh_model_is_fairseqs_initialisation_in_fairseqs_parameter_order(overrides):
+    """Same seed, same initial weights as fairseq's transformer, tensor for tensor (q/k/v biases keep
+    nn.Linear's default init there; only the output projection's bias starts at zero), and the same
+    parameter order: optimizer state in checkpoints is positional, so a different order would hand
+    one tensor's Adam moments to another of the same shape when resuming across the two."""
+    task = make_task()
+    torch.manual_seed(7)
+    ref = build(TransformerModel, task, **overrides)
+    torch.manual_seed(7)
+    ours = build(LSTransformerModel, task, **overrides)
+    ref_params, our_params = list(ref.named_parameters()), list(ours.named_parameters())
+    assert [n for n, _ in our_params] == [n for n, _ in ref_params]
+    for (n, a), (_, b) in zip(ref_params, our_params):
+        assert torch.equal(a, b), n
+
+
+@pytest.mark.parametrize("overrides", [{}, dict(share_all_embeddings=True, encoder_learned_pos=True,
+                                                decoder_learned_pos=True, layernorm_embedding=True,
+                                                encoder_normalize_before=True, decoder_normalize_before=True)],
+                         ids=["base", "shared_learned_preln"])
 def test_state_dict_interchanges_with_fairseq(overrides):
     """ours -> fairseq -> ours, strict, through fairseq's own load path (upgrade_state_dict)."""
     task = make_task()

@@ -58,18 +58,20 @@ class LSMultiheadAttention(nn.Module):
         self.dropout = dropout
         self.self_attention = self_attention
         self.encoder_decoder_attention = not self_attention
-        self.q_proj = nn.Linear(embed_dim, embed_dim)
+        # fairseq's order (k, v, q, out): the parameter order, which positional optimizer state in
+        # checkpoints follows, and the random draws of the initialisation are then fairseq's.
         self.k_proj = nn.Linear(kdim, embed_dim)
         self.v_proj = nn.Linear(kdim, embed_dim)
+        self.q_proj = nn.Linear(embed_dim, embed_dim)
         self.out_proj = nn.Linear(embed_dim, embed_dim)
         self.reset_parameters(qkv_same_dim=kdim == embed_dim)
 
     def reset_parameters(self, qkv_same_dim: bool = True):
-        """fairseq's initialisation (scaled xavier for q/k/v when they share a dim)."""
+        """fairseq's initialisation: scaled xavier for the q/k/v weights when they share a dim, their
+        biases keep nn.Linear's default, the output bias starts at zero."""
         gain = 1 / math.sqrt(2) if qkv_same_dim else 1.0
         for lin in (self.k_proj, self.v_proj, self.q_proj):
             nn.init.xavier_uniform_(lin.weight, gain=gain)
-            nn.init.zeros_(lin.bias)
         nn.init.xavier_uniform_(self.out_proj.weight)
         nn.init.zeros_(self.out_proj.bias)
 
