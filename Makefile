@@ -16,7 +16,7 @@ DEMO_ARGS ?=
 .PHONY: test demo setup build cuda-check bench clean
 
 test: setup cuda-check
-	$(PY) -m pytest $(PYTEST_ARGS) tests
+	FLS_REQUIRE_KERNELS=1 $(PY) -m pytest $(PYTEST_ARGS) tests
 
 # Pinned stack. torch first and exactly pinned (an unpinned one pulls a multi-GB CUDA build); fairseq
 # after it without build isolation for the same reason.

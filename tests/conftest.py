@@ -1,31 +1,16 @@
-"""Shared test helpers: devices, dtypes and per-dtype tolerances for kernel-vs-reference checks."""
+"""Test layout: tests/ops (each op family: kernels vs the reference), tests/fairseq (model, criterion,
+optimizer, checkpoints, training modes through fairseq's Python API), tests/e2e (fairseq's command
+line, the recipe, the demo; marked `e2e`). Shared helpers live in tests/support/."""
 import os
 import sys
 
 import pytest
-import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TESTS = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(TESTS))  # the source tree (the extension is built in place)
+sys.path.insert(0, TESTS)  # `support`
 
-from fairseq_lightseq.ops import _backend  # noqa: E402
-
-HAS_CUDA = torch.cuda.is_available() and bool(_backend.BUILD_INFO.get("with_cuda"))
-
-# (device, dtype) pairs every op is checked on: CPU float32/float64/bfloat16, CUDA fp32/fp16/bf16.
-CPU_DTYPES = [torch.float32, torch.float64, torch.bfloat16]
-CUDA_DTYPES = [torch.float32, torch.float16, torch.bfloat16]
-DEVICE_DTYPES = [pytest.param("cpu", dt, id=f"cpu-{str(dt)[6:]}") for dt in CPU_DTYPES] + [
-    pytest.param("cuda", dt, id=f"cuda-{str(dt)[6:]}", marks=pytest.mark.cuda) for dt in CUDA_DTYPES
-]
-
-# Kernel vs reference, both computing in fp32 (fp64) and rounding once to the storage dtype:
-# (rtol, atol) per storage dtype.
-TOL = {
-    torch.float64: (1e-10, 1e-10),
-    torch.float32: (1e-5, 1e-5),
-    torch.float16: (1e-2, 1e-2),
-    torch.bfloat16: (2e-2, 2e-2),
-}
+from support.tensors import HAS_CUDA  # noqa: E402
 
 
 def pytest_collection_modifyitems(config, items):
@@ -33,24 +18,3 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "cuda" in item.keywords and not HAS_CUDA:
             item.add_marker(skip)
-
-
-def assert_close(actual, expected, dtype=None, scale=1.0, msg=""):
-    """Compare with the tolerance of `dtype` (default: actual's), loosened by `scale`."""
-    rtol, atol = TOL[dtype or actual.dtype]
-    torch.testing.assert_close(actual.double(), expected.double(), rtol=rtol * scale, atol=atol * scale, msg=msg or None)
-
-
-def randn(*shape, dtype=torch.float32, device="cpu", requires_grad=False, seed=None):
-    """Random normal values (never zeros), created in float32 on CPU then cast, so that the same
-    seed gives the same values on every device."""
-    g = torch.Generator().manual_seed(seed) if seed is not None else None
-    t = torch.randn(*shape, generator=g).to(device=device, dtype=dtype)
-    return t.requires_grad_(requires_grad)
-
-
-@pytest.fixture(autouse=True)
-def _require_kernels(request):
-    """Kernel tests need the compiled library: fail (not skip) when it is absent, since CI builds it."""
-    if _backend._C is None:
-        pytest.fail(f"fairseq_lightseq._C is not built: {_backend.LOAD_ERROR}")

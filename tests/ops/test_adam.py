@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from conftest import randn
+from support.tensors import randn
 from fairseq_lightseq import ops
 from fairseq_lightseq.ops import _backend, reference
 

@@ -11,7 +11,7 @@
 * A failed save never damages an existing checkpoint: fairseq writes NAME.tmp and renames it (we
   also delete the failed .tmp), and checkpoint_io makes the follow-up copies (checkpoint_last.pt)
   atomic, which fairseq alone does not (test_plain_fairseq_copy_truncates_checkpoint_last).
-The CLI tests are marked `e2e` and share test_recipe.py's prepared corpus.
+The CLI tests are marked `e2e` and share the prepared corpus of tests/support/recipe.py.
 """
 import errno
 import os
@@ -28,12 +28,12 @@ from fairseq.file_io import PathManager
 from fairseq_lightseq import checkpoint_io
 from fairseq_lightseq.checkpoint_io import CheckpointReadError
 
-from test_recipe import RECIPE, ROOT, prepare_once, run, train, train_inner
+from support.recipe import RECIPE, ROOT, prepare_once, run, train, train_inner
 
 
 @pytest.fixture(scope="session")
 def prepared(tmp_path_factory):
-    return prepare_once(tmp_path_factory)  # the corpus test_recipe.py prepares, made once
+    return prepare_once(tmp_path_factory)  # the corpus support.recipe prepares, made once
 
 RESUME_ARGS = ["--lr", "1e-3", "--warmup-updates", "4"]  # dropout 0.3 (the recipe's) stays on
 

@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "scripts"))
 import bench_ops  # noqa: E402
 
 OPS = {"layer_norm", "bias_dropout_residual", "bias_act_dropout[relu]", "bias_act_dropout[gelu]",

@@ -3,7 +3,7 @@ the reference (fairseq's formula), forward and backward."""
 import pytest
 import torch
 
-from conftest import DEVICE_DTYPES, assert_close, randn
+from support.tensors import DEVICE_DTYPES, assert_close, randn
 from fairseq_lightseq import ops
 from fairseq_lightseq.ops import reference
 from fairseq_lightseq.ops.cross_entropy import LabelSmoothedCrossEntropyFunction

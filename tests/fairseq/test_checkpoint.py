@@ -16,9 +16,9 @@ from fairseq import checkpoint_utils
 from fairseq.models.transformer import TransformerModel
 from fairseq_lightseq.models.ls_transformer import LSTransformerModel
 
-from model_helpers import TINY, build, make_task
+from support.models import TINY, build, make_task
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
 import convert_checkpoint  # noqa: E402
 

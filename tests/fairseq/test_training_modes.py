@@ -24,9 +24,9 @@ import pytest
 import torch
 
 from fairseq_lightseq.models.ls_transformer import LSTransformerModel
-from model_helpers import batch, build, make_task, perturb_
+from support.models import batch, build, make_task, perturb_
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 USER_DIR = os.path.join(ROOT, "fairseq_lightseq")
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
 

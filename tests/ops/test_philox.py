@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from conftest import HAS_CUDA  # noqa: F401
+from support.tensors import HAS_CUDA  # noqa: F401
 from fairseq_lightseq import ops
 from fairseq_lightseq.ops import dropout as dropout_ops
 from fairseq_lightseq.ops.reference import philox

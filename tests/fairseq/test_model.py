@@ -12,7 +12,7 @@ from fairseq.sequence_generator import SequenceGenerator
 from fairseq_lightseq.models.ls_transformer import ARCHITECTURES, LSTransformerModel
 from fairseq_lightseq.modules import multihead_attention
 
-from model_helpers import batch, build, make_task, pair
+from support.models import batch, build, make_task, pair
 
 CONFIGS = {
     "post_ln_relu": {},

@@ -13,7 +13,7 @@ import sacrebleu
 
 pytestmark = pytest.mark.e2e
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BIN = os.path.dirname(sys.executable)  # the venv's console scripts (fairseq-train, ...)
 USER_DIR = os.path.join(ROOT, "fairseq_lightseq")
 

@@ -28,5 +28,5 @@ def test_info_command_prints_the_table():
 def test_gpu_check_script_parses():
     """scripts/gpu_check.sh only runs on a lent GPU, minutes at a time: CI at least parses it."""
     import os
-    script = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts", "gpu_check.sh")
+    script = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "scripts", "gpu_check.sh")
     subprocess.run(["bash", "-n", script], check=True)

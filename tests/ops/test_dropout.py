@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from conftest import DEVICE_DTYPES, assert_close, randn
+from support.tensors import DEVICE_DTYPES, assert_close, randn
 from fairseq_lightseq import ops
 from fairseq_lightseq.ops import reference
 from fairseq_lightseq.ops.dropout import BiasActDropoutFunction, BiasDropoutResidualFunction

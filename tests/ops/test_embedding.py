@@ -6,13 +6,13 @@ import sys
 import pytest
 import torch
 
-from conftest import DEVICE_DTYPES, HAS_CUDA, assert_close, randn
+from support.tensors import DEVICE_DTYPES, HAS_CUDA, assert_close, randn
 from fairseq_lightseq import ops
 from fairseq_lightseq.ops import _backend, reference
 from fairseq_lightseq.ops.embedding import EmbeddingFunction
 
 PAD = 1
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # (B, T, E, V): odd hidden sizes, T=1, batch 1; small V so that tokens repeat.
 SHAPES = [(1, 1, 7, 11), (3, 11, 129, 50), (2, 17, 512, 300), (1, 6, 512, 9), (4, 1, 129, 40)]
 LAYOUTS = ["right", "left", "none", "all_pad_row", "repeated"]

@@ -1,0 +1,9 @@
+"""Helpers shared by the tests (imported as `support.<module>`; tests/conftest.py puts tests/ on the path).
+
+* `support.tensors`: devices, dtypes, tolerances and random inputs for kernel-vs-reference checks;
+* `support.models`: tiny fairseq `transformer` / `ls_transformer` pairs with the same weights, batches;
+* `support.recipe`: running the WMT14 recipe scripts on a small prepared corpus (e2e tests).
+"""
+import os
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
