@@ -1,28 +1,91 @@
-"""`python -m fairseq_lightseq.info`: what was built and which backend each op runs on."""
+"""`python -m fairseq_lightseq.info`: what was built and which backend each op runs on.
+
+The op table is derived, not kept by hand: its rows are the public ops (the functions of the
+fairseq_lightseq.ops family modules), and each row's backend comes from the compiled ops registered in
+the fairseq_lightseq namespace whose family name (the op name without _fwd/_bwd/_) is part of the public
+op's name: `attention_softmax_fwd` belongs to `attention_softmax_dropout`, `label_smoothed_cross_entropy_fwd`
+to `label_smoothed_cross_entropy` and `linear_label_smoothed_cross_entropy`.
+"""
+import importlib
+import inspect
+import pkgutil
 import platform
 
 import torch
 
+from fairseq_lightseq import ops as _ops
 from fairseq_lightseq.ops import _backend
 
-# Each public op and the compiled op whose registration decides its backend.
-OPS = {
-    "layer_norm": "layer_norm_fwd",
-    "bias_dropout_residual": "bias_dropout_residual_fwd",
-    "bias_act_dropout": "bias_act_dropout_fwd",
-    "attention_softmax_dropout": "attention_softmax_fwd",
-    "qkv_bias_split": "qkv_bias_split",
-    "merge_heads": "merge_heads",
-    "embedding": "embedding_fwd",
-    "label_smoothed_cross_entropy": "label_smoothed_cross_entropy_fwd",
-    "adam_step": "adam_step_",
-}
+
+def public_ops():
+    """{name: function} of the public ops: functions defined in the fairseq_lightseq.ops family modules
+    (not _backend, not the reference package) whose names do not start with an underscore."""
+    found = {}
+    for mod_info in pkgutil.iter_modules(_ops.__path__):
+        if mod_info.name.startswith("_") or mod_info.ispkg:
+            continue
+        module = importlib.import_module(f"{_ops.__name__}.{mod_info.name}")
+        for name, obj in vars(module).items():
+            if inspect.isfunction(obj) and obj.__module__ == module.__name__ and not name.startswith("_"):
+                found[name] = obj
+    return found
+
+
+def registered_ops():
+    """Names (without namespace) of every op the compiled library registered; empty when it is not loaded."""
+    prefix = _backend.NAMESPACE + "::"
+    return sorted(name[len(prefix):] for name in torch._C._dispatch_get_all_op_names() if name.startswith(prefix))
+
+
+def family(op: str) -> str:
+    """The family name of a compiled op: its name without the _fwd / _bwd suffix or the trailing _ of an
+    in-place op."""
+    for suffix in ("_fwd", "_bwd", "_"):
+        if op.endswith(suffix):
+            return op[: -len(suffix)]
+    return op
+
+
+def ops_of(public: str, registered):
+    """The compiled ops serving public op `public`."""
+    return [op for op in registered if family(op) in public]
+
+
+def primary_op(public: str, registered):
+    """The compiled op whose registration decides the backend of `public` (its forward, or the op itself);
+    None when the library has none for it."""
+    candidates = ops_of(public, registered)
+    for op in candidates:
+        if not op.endswith("_bwd"):
+            return op
+    return candidates[0] if candidates else None
+
+
+def op_table():
+    """{public op: compiled op deciding its backend, or None}."""
+    registered = registered_ops()
+    return {name: primary_op(name, registered) for name in sorted(public_ops())}
+
+
+OPS = op_table()
+
+
+def compiled(op, device_type: str) -> bool:
+    """Whether compiled op `op` runs on device type "cpu" or "cuda": a kernel registered for that device,
+    or one registered for every device (CompositeExplicitAutograd: dropout_mask, which has no tensor
+    argument to dispatch on), and for CUDA only in a CUDA build."""
+    if op is None or _backend._C is None:
+        return False
+    if device_type == "cuda" and not _backend.BUILD_INFO["with_cuda"]:
+        return False
+    return _backend.has_kernel(op, device_type) or torch._C._dispatch_has_kernel_for_dispatch_key(
+        f"{_backend.NAMESPACE}::{op}", "CompositeExplicitAutograd")
 
 
 def backend_table():
     """{public op: {"cpu": backend, "cuda": backend}}, backend one of compiled / reference."""
     return {
-        name: {dev: ("compiled" if _backend.has_kernel(op, dev) else "reference") for dev in ("cpu", "cuda")}
+        name: {dev: ("compiled" if compiled(op, dev) else "reference") for dev in ("cpu", "cuda")}
         for name, op in OPS.items()
     }
 
@@ -44,9 +107,9 @@ def main():
         print(f"compiled library  {_backend._C.__file__}")
         print(f"  built against   torch {info['torch_version']}, compiler {info['compiler']}")
         print(f"  CUDA kernels    {'yes, archs ' + info['cuda_archs'] if info['with_cuda'] else 'no'}")
-    print(f"\n{'op':30s} {'cpu':10s} cuda")
+    print(f"\n{'op':36s} {'cpu':10s} cuda")
     for name, row in backend_table().items():
-        print(f"{name:30s} {row['cpu']:10s} {row['cuda']}")
+        print(f"{name:36s} {row['cpu']:10s} {row['cuda']}")
 
 
 if __name__ == "__main__":

@@ -1,10 +1,13 @@
-#include "adam.h"
+// Fused multi-tensor Adam on CPU: fixed chunks over all tensors, a vectorised fp32 loop per chunk.
+#include "../kernels/adam.h"
 
 #include <c10/util/Half.h>
 
 #include <algorithm>
 #include <type_traits>
 #include <vector>
+
+#include "cpu_common.h"
 
 namespace fls {
 namespace cpu {
@@ -38,10 +41,8 @@ void update_chunk(const AdamTensor& t, int64_t start, int64_t len, const AdamCoe
   }
 }
 
-}  // namespace
-
 template <typename G>
-void adam_step(const AdamTensor* tensors, int64_t num_tensors, const AdamCoeffs& c) {
+void step_typed(const AdamTensor* tensors, int64_t num_tensors, const AdamCoeffs& c) {
   std::vector<std::pair<int64_t, int64_t>> chunks;  // (tensor, first element)
   for (int64_t t = 0; t < num_tensors; ++t) {
     for (int64_t s = 0; s < tensors[t].n; s += kChunk) chunks.emplace_back(t, s);
@@ -55,9 +56,16 @@ void adam_step(const AdamTensor* tensors, int64_t num_tensors, const AdamCoeffs&
   });
 }
 
-template void adam_step<float>(const AdamTensor*, int64_t, const AdamCoeffs&);
-template void adam_step<c10::Half>(const AdamTensor*, int64_t, const AdamCoeffs&);
-template void adam_step<c10::BFloat16>(const AdamTensor*, int64_t, const AdamCoeffs&);
+}  // namespace
+
+void adam_step(const AdamStepParams& p) {
+  switch (p.grad_dtype) {
+    case DType::kFloat32: step_typed<float>(p.tensors, p.num_tensors, p.coeffs); break;
+    case DType::kFloat16: step_typed<c10::Half>(p.tensors, p.num_tensors, p.coeffs); break;
+    case DType::kBFloat16: step_typed<c10::BFloat16>(p.tensors, p.num_tensors, p.coeffs); break;
+    default: TORCH_CHECK(false, "adam_step_: no CPU kernel for grad dtype ", static_cast<int>(p.grad_dtype));
+  }
+}
 
 }  // namespace cpu
 }  // namespace fls

@@ -1,4 +1,6 @@
-#include "attention.h"
+// Attention on CPU: softmax rows in acc_t (float rows in runtime-picked AVX-512/AVX2 clones, bf16 rows
+// converted on the way in and out), and the head permutations around the attention GEMMs.
+#include "../kernels/attention.h"
 
 #include <algorithm>
 #include <cmath>
@@ -6,6 +8,8 @@
 #include <limits>
 #include <vector>
 
+#include "column_sum.h"
+#include "cpu_common.h"
 #include "fls/fast_math.h"
 #include "philox_batch.h"
 
@@ -188,10 +192,8 @@ void store_row(const acc_t<T>* buf, T* dst, int64_t n) {
   if constexpr (!std::is_same<T, acc_t<T>>::value) float_to_bf16(buf, reinterpret_cast<uint16_t*>(dst), n);
 }
 
-}  // namespace
-
 template <typename T>
-void attention_softmax_fwd(const T* scores, const bool* key_padding_mask, T* y, T* out, int64_t B, int64_t H,
+void softmax_fwd_typed(const T* scores, const bool* key_padding_mask, T* y, T* out, int64_t B, int64_t H,
                            int64_t Tq, int64_t Tk, bool causal, double scale, const DropoutParams& d) {
   using A = acc_t<T>;
   const int64_t rows = B * H * Tq;
@@ -233,7 +235,7 @@ void attention_softmax_fwd(const T* scores, const bool* key_padding_mask, T* y, 
 }
 
 template <typename T>
-void attention_softmax_bwd(const T* dout, const T* y, T* dscores, int64_t rows, int64_t Tk, double scale,
+void softmax_bwd_typed(const T* dout, const T* y, T* dscores, int64_t rows, int64_t Tk, double scale,
                            const DropoutParams& d) {
   using A = acc_t<T>;
   if (rows == 0 || Tk == 0) return;
@@ -297,29 +299,37 @@ void merge_heads(const T* const* in, int nparts, T* y, int64_t row_stride, int64
   });
 }
 
-template <typename T>
-void column_sum(const T* x, T* sums, int64_t rows, int64_t cols) {
-  using A = acc_t<T>;
-  // Columns split across threads, each column summed over rows in order: the result does not depend
-  // on the number of threads.
-  parallel_for(cols, 64, [&](int64_t begin, int64_t end) {
-    std::vector<A> acc(end - begin, A(0));
-    for (int64_t r = 0; r < rows; ++r) {
-      const T* xr = x + r * cols;
-      for (int64_t c = begin; c < end; ++c) acc[c - begin] += static_cast<A>(xr[c]);
-    }
-    for (int64_t c = begin; c < end; ++c) sums[c] = static_cast<T>(acc[c - begin]);
-  });
+}  // namespace
+
+void attention_softmax_fwd(const AttentionSoftmaxFwdParams& p) {
+  FLS_CPU_DISPATCH(p.dtype, softmax_fwd_typed<scalar_t>(static_cast<const scalar_t*>(p.scores), p.key_padding_mask,
+                                                        static_cast<scalar_t*>(p.y), static_cast<scalar_t*>(p.out),
+                                                        p.B, p.H, p.Tq, p.Tk, p.causal, p.scale, p.drop));
 }
 
-#define FLS_INSTANTIATE_ATTN(T)                                                                                 \
-  template void attention_softmax_fwd<T>(const T*, const bool*, T*, T*, int64_t, int64_t, int64_t, int64_t, bool, \
-                                         double, const DropoutParams&);                                        \
-  template void attention_softmax_bwd<T>(const T*, const T*, T*, int64_t, int64_t, double, const DropoutParams&); \
-  template void split_heads<T>(const T*, int64_t, const T*, T* const*, int, int64_t, int64_t, int64_t, int64_t);  \
-  template void merge_heads<T>(const T* const*, int, T*, int64_t, int64_t, int64_t, int64_t, int64_t);            \
-  template void column_sum<T>(const T*, T*, int64_t, int64_t);
-FLS_CPU_INSTANTIATE(FLS_INSTANTIATE_ATTN)
+void attention_softmax_bwd(const AttentionSoftmaxBwdParams& p) {
+  FLS_CPU_DISPATCH(p.dtype, softmax_bwd_typed<scalar_t>(static_cast<const scalar_t*>(p.dout),
+                                                        static_cast<const scalar_t*>(p.y),
+                                                        static_cast<scalar_t*>(p.dscores), p.rows, p.Tk, p.scale,
+                                                        p.drop));
+}
+
+void qkv_bias_split(const QkvBiasSplitParams& p) {
+  const int64_t E = p.H * p.head_dim;
+  FLS_CPU_DISPATCH(p.dtype, using U = scalar_t;
+                   U* outs[3] = {static_cast<U*>(p.q), static_cast<U*>(p.k), static_cast<U*>(p.v)};
+                   split_heads<U>(static_cast<const U*>(p.qkv), 3 * E, static_cast<const U*>(p.bias), outs, 3, p.T,
+                                  p.B, p.H, p.head_dim));
+}
+
+void qkv_bias_split_bwd(const QkvBiasSplitBwdParams& p) {
+  const int64_t E = p.H * p.head_dim;
+  FLS_CPU_DISPATCH(p.dtype, using U = scalar_t;
+                   const U* ins[3] = {static_cast<const U*>(p.dq), static_cast<const U*>(p.dk),
+                                      static_cast<const U*>(p.dv)};
+                   merge_heads<U>(ins, 3, static_cast<U*>(p.dqkv), 3 * E, p.T, p.B, p.H, p.head_dim);
+                   column_sum(static_cast<const U*>(p.dqkv), static_cast<U*>(p.dbias), p.T * p.B, 3 * E));
+}
 
 }  // namespace cpu
 }  // namespace fls

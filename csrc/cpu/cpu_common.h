@@ -2,6 +2,7 @@
 #pragma once
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
+#include <c10/util/Exception.h>
 
 #include <type_traits>
 
@@ -41,8 +42,22 @@ inline void parallel_for(int64_t n, int64_t grain, const F& f) {
 #define FLS_CPU_CLONES
 #endif
 
-// Explicit instantiations of a CPU kernel template for the CPU storage types.
-#define FLS_CPU_INSTANTIATE(MACRO) \
-  MACRO(float)                     \
-  MACRO(double)                    \
-  MACRO(c10::BFloat16)
+// Runs the statements with `scalar_t` bound to the CPU storage type of `dt` (float32, float64 or bfloat16):
+// the CPU entry points take a DType and raw pointers, as the CUDA launchers do.
+#define FLS_CPU_DISPATCH(dt, ...)                                                     \
+  switch (dt) {                                                                       \
+    case ::fls::DType::kFloat32: {                                                    \
+      using scalar_t = float;                                                         \
+      __VA_ARGS__;                                                                    \
+    } break;                                                                          \
+    case ::fls::DType::kFloat64: {                                                    \
+      using scalar_t = double;                                                        \
+      __VA_ARGS__;                                                                    \
+    } break;                                                                          \
+    case ::fls::DType::kBFloat16: {                                                   \
+      using scalar_t = c10::BFloat16;                                                 \
+      __VA_ARGS__;                                                                    \
+    } break;                                                                          \
+    default:                                                                          \
+      TORCH_CHECK(false, "fairseq_lightseq: no CPU kernel for dtype ", static_cast<int>(dt)); \
+  }

@@ -1,9 +1,12 @@
-#include "cross_entropy.h"
+// Label-smoothed cross entropy on CPU: a row per task item, max and sums in one vectorised pass, fp32 math
+// (float64 for gradcheck).
+#include "../kernels/cross_entropy.h"
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
 
+#include "cpu_common.h"
 #include "fls/fast_math.h"
 #include "fls/label_smoothing.h"
 
@@ -78,8 +81,8 @@ FLS_XENT_ROWS(double, double, )  // float64 is for gradcheck, speed does not mat
 }  // namespace
 
 template <typename T>
-void ls_cross_entropy_fwd(const T* logits, const int64_t* target, acc_t<T>* loss, acc_t<T>* nll, acc_t<T>* lse,
-                          int64_t rows, int64_t V, double epsilon, int64_t ignore_index) {
+void fwd_typed(const T* logits, const int64_t* target, acc_t<T>* loss, acc_t<T>* nll, acc_t<T>* lse, int64_t rows,
+               int64_t V, double epsilon, int64_t ignore_index) {
   using A = acc_t<T>;
   const LsCoef<A> c = ls_coef<A>(epsilon, V);
   parallel_for(rows, grain_rows<T>(V), [&](int64_t begin, int64_t end) {
@@ -100,9 +103,8 @@ void ls_cross_entropy_fwd(const T* logits, const int64_t* target, acc_t<T>* loss
 }
 
 template <typename T>
-void ls_cross_entropy_bwd(const acc_t<T>* dloss, const acc_t<T>* dnll, const T* logits, const int64_t* target,
-                          const acc_t<T>* lse, T* dlogits, int64_t rows, int64_t V, double epsilon,
-                          int64_t ignore_index) {
+void bwd_typed(const acc_t<T>* dloss, const acc_t<T>* dnll, const T* logits, const int64_t* target,
+               const acc_t<T>* lse, T* dlogits, int64_t rows, int64_t V, double epsilon, int64_t ignore_index) {
   using A = acc_t<T>;
   const LsCoef<A> c = ls_coef<A>(epsilon, V);
   parallel_for(rows, grain_rows<T>(V), [&](int64_t begin, int64_t end) {
@@ -123,12 +125,19 @@ void ls_cross_entropy_bwd(const acc_t<T>* dloss, const acc_t<T>* dnll, const T* 
   });
 }
 
-#define FLS_INSTANTIATE_XENT(T)                                                                              \
-  template void ls_cross_entropy_fwd<T>(const T*, const int64_t*, acc_t<T>*, acc_t<T>*, acc_t<T>*, int64_t, \
-                                        int64_t, double, int64_t);                                          \
-  template void ls_cross_entropy_bwd<T>(const acc_t<T>*, const acc_t<T>*, const T*, const int64_t*,         \
-                                        const acc_t<T>*, T*, int64_t, int64_t, double, int64_t);
-FLS_CPU_INSTANTIATE(FLS_INSTANTIATE_XENT)
+void ls_cross_entropy_fwd(const LsCrossEntropyFwdParams& p) {
+  FLS_CPU_DISPATCH(p.dtype, using A = acc_t<scalar_t>;
+                   fwd_typed<scalar_t>(static_cast<const scalar_t*>(p.logits), p.target, static_cast<A*>(p.loss),
+                                       static_cast<A*>(p.nll), static_cast<A*>(p.lse), p.rows, p.V, p.epsilon,
+                                       p.ignore_index));
+}
+
+void ls_cross_entropy_bwd(const LsCrossEntropyBwdParams& p) {
+  FLS_CPU_DISPATCH(p.dtype, using A = acc_t<scalar_t>;
+                   bwd_typed<scalar_t>(static_cast<const A*>(p.dloss), static_cast<const A*>(p.dnll),
+                                       static_cast<const scalar_t*>(p.logits), p.target, static_cast<const A*>(p.lse),
+                                       static_cast<scalar_t*>(p.dlogits), p.rows, p.V, p.epsilon, p.ignore_index));
+}
 
 }  // namespace cpu
 }  // namespace fls

@@ -4,12 +4,14 @@
 // Bias + activation + dropout (+ residual) on CPU. Both public ops of the family run through one
 // forward and one backward template, specialised at compile time on the activation (identity for
 // bias+dropout+residual) so the inner loops stay branch-free.
-#include "dropout.h"
+#include "../kernels/dropout.h"
 
 #include <algorithm>
 #include <type_traits>
 #include <vector>
 
+#include "column_sum.h"
+#include "cpu_common.h"
 #include "philox_batch.h"
 
 namespace fls {
@@ -150,33 +152,13 @@ void bwd_impl(const T* dy, const T* x, const T* bias, T* dx, T* dbias, int64_t r
       }
     }
   });
-  // Step 2: dbias[c] = sum of the chunk sums in chunk order; columns split across threads.
-  parallel_for(cols, std::max<int64_t>(256, grain_for(chunks)), [&](int64_t c0, int64_t c1) {
-    std::vector<A> acc(c1 - c0, A(0));
-    for (int64_t k = 0; k < chunks; ++k) {
-      const A* s = partial.data() + k * cols;
-      for (int64_t c = c0; c < c1; ++c) acc[c - c0] += s[c];
-    }
-    for (int64_t c = c0; c < c1; ++c) dbias[c] = static_cast<T>(acc[c - c0]);
-  });
-}
-
-}  // namespace
-
-void dropout_mask(bool* keep, int64_t n, const DropoutParams& d) {
-  const int64_t blocks = (n + kBlock - 1) / kBlock;
-  parallel_for(blocks, grain_for(kBlock), [&](int64_t b0, int64_t b1) {
-    std::vector<uint32_t> u(dropout_words(kBlock));
-    for (int64_t blk = b0; blk < b1; ++blk) {
-      const int64_t e0 = blk * kBlock, e1 = std::min(n, e0 + kBlock);
-      dropout_select<bool>(d.offset + static_cast<uint64_t>(e0), e1 - e0, d, u.data(), true, false, keep + e0);
-    }
-  });
+  // Step 2: dbias[c] = sum of the chunk sums in chunk order.
+  column_sum(partial.data(), dbias, chunks, cols);
 }
 
 template <typename T>
-void bias_act_dropout_fwd(const T* x, const T* bias, const T* residual, T* y, int64_t rows, int64_t cols, Act act,
-                          const DropoutParams& d) {
+void fwd_typed(const T* x, const T* bias, const T* residual, T* y, int64_t rows, int64_t cols, Act act,
+               const DropoutParams& d) {
   if (rows == 0 || cols == 0) return;
   if (residual != nullptr) {
     // bias + dropout + residual has no activation; other combinations are not needed by the model.
@@ -192,8 +174,8 @@ void bias_act_dropout_fwd(const T* x, const T* bias, const T* residual, T* y, in
 }
 
 template <typename T>
-void bias_act_dropout_bwd(const T* dy, const T* x, const T* bias, T* dx, T* dbias, int64_t rows, int64_t cols,
-                          Act act, const DropoutParams& d) {
+void bwd_typed(const T* dy, const T* x, const T* bias, T* dx, T* dbias, int64_t rows, int64_t cols, Act act,
+               const DropoutParams& d) {
   if (cols == 0) return;
   switch (act) {
     case Act::kIdentity: bwd_impl<T, Act::kIdentity>(dy, x, bias, dx, dbias, rows, cols, d); break;
@@ -203,12 +185,33 @@ void bias_act_dropout_bwd(const T* dy, const T* x, const T* bias, T* dx, T* dbia
   }
 }
 
-#define FLS_INSTANTIATE_DROPOUT(T)                                                                            \
-  template void bias_act_dropout_fwd<T>(const T*, const T*, const T*, T*, int64_t, int64_t, Act,              \
-                                        const DropoutParams&);                                                \
-  template void bias_act_dropout_bwd<T>(const T*, const T*, const T*, T*, T*, int64_t, int64_t, Act,          \
-                                        const DropoutParams&);
-FLS_CPU_INSTANTIATE(FLS_INSTANTIATE_DROPOUT)
+}  // namespace
+
+void dropout_mask(const DropoutMaskParams& p) {
+  bool* keep = p.keep;
+  const int64_t n = p.n;
+  const DropoutParams& d = p.drop;
+  const int64_t blocks = (n + kBlock - 1) / kBlock;
+  parallel_for(blocks, grain_for(kBlock), [&](int64_t b0, int64_t b1) {
+    std::vector<uint32_t> u(dropout_words(kBlock));
+    for (int64_t blk = b0; blk < b1; ++blk) {
+      const int64_t e0 = blk * kBlock, e1 = std::min(n, e0 + kBlock);
+      dropout_select<bool>(d.offset + static_cast<uint64_t>(e0), e1 - e0, d, u.data(), true, false, keep + e0);
+    }
+  });
+}
+
+void bias_act_dropout_fwd(const BiasActDropoutFwdParams& p) {
+  FLS_CPU_DISPATCH(p.dtype, fwd_typed<scalar_t>(static_cast<const scalar_t*>(p.x), static_cast<const scalar_t*>(p.bias),
+                                                static_cast<const scalar_t*>(p.residual), static_cast<scalar_t*>(p.y),
+                                                p.rows, p.cols, p.act, p.drop));
+}
+
+void bias_act_dropout_bwd(const BiasActDropoutBwdParams& p) {
+  FLS_CPU_DISPATCH(p.dtype, bwd_typed<scalar_t>(static_cast<const scalar_t*>(p.dy), static_cast<const scalar_t*>(p.x),
+                                                static_cast<const scalar_t*>(p.bias), static_cast<scalar_t*>(p.dx),
+                                                static_cast<scalar_t*>(p.dbias), p.rows, p.cols, p.act, p.drop));
+}
 
 }  // namespace cpu
 }  // namespace fls

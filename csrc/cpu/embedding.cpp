@@ -1,10 +1,11 @@
 // Embedding on CPU: forward row by row (gather, scale, add position, dropout factors from Philox); backward
 // groups rows by a stable sort of their keys and sums each group in row order (deterministic, no atomics).
-#include "embedding.h"
+#include "../kernels/embedding.h"
 
 #include <algorithm>
 #include <vector>
 
+#include "cpu_common.h"
 #include "philox_batch.h"
 
 namespace fls {
@@ -28,10 +29,8 @@ struct RowDropout {
   }
 };
 
-}  // namespace
-
 template <typename T>
-void embedding_fwd(const int64_t* tokens, const int64_t* positions, const T* weight, const T* pos_weight, T* out,
+void fwd_typed(const int64_t* tokens, const int64_t* positions, const T* weight, const T* pos_weight, T* out,
                    int64_t n, int64_t dim, int64_t padding_idx, double scale, const DropoutParams& d) {
   using A = acc_t<T>;
   const A sc = static_cast<A>(scale);
@@ -68,7 +67,7 @@ void embedding_fwd(const int64_t* tokens, const int64_t* positions, const T* wei
 }
 
 template <typename T>
-void embedding_bwd(const T* grad, const int64_t* keys, const int64_t* tokens, T* out, int64_t n, int64_t dim,
+void table_grad_typed(const T* grad, const int64_t* keys, const int64_t* tokens, T* out, int64_t n, int64_t dim,
                    int64_t num_rows, int64_t padding_idx, double mult, const DropoutParams& d) {
   using A = acc_t<T>;
   // Non-pad rows, stably sorted by key: equal keys stay in row order, which fixes the summation order.
@@ -115,12 +114,20 @@ void embedding_bwd(const T* grad, const int64_t* keys, const int64_t* tokens, T*
   });
 }
 
-#define FLS_INSTANTIATE_EMB(T)                                                                                  \
-  template void embedding_fwd<T>(const int64_t*, const int64_t*, const T*, const T*, T*, int64_t, int64_t,    \
-                                 int64_t, double, const DropoutParams&);                                      \
-  template void embedding_bwd<T>(const T*, const int64_t*, const int64_t*, T*, int64_t, int64_t, int64_t,     \
-                                 int64_t, double, const DropoutParams&);
-FLS_CPU_INSTANTIATE(FLS_INSTANTIATE_EMB)
+}  // namespace
+
+void embedding_fwd(const EmbeddingFwdParams& p) {
+  FLS_CPU_DISPATCH(p.dtype, fwd_typed<scalar_t>(p.tokens, p.positions, static_cast<const scalar_t*>(p.weight),
+                                                static_cast<const scalar_t*>(p.pos_weight),
+                                                static_cast<scalar_t*>(p.out), p.n, p.dim, p.padding_idx, p.scale,
+                                                p.drop));
+}
+
+void embedding_table_grad(const EmbeddingTableGradParams& p) {
+  FLS_CPU_DISPATCH(p.dtype, table_grad_typed<scalar_t>(static_cast<const scalar_t*>(p.grad), p.keys, p.tokens,
+                                                       static_cast<scalar_t*>(p.out), p.n, p.dim, p.num_rows,
+                                                       p.padding_idx, p.mult, p.drop));
+}
 
 }  // namespace cpu
 }  // namespace fls

@@ -1,8 +1,13 @@
-#include "layer_norm.h"
+// Layer norm on CPU: a row per task item, two passes over the row (mean, then centred squares); backward
+// writes dx row by row and sums the dweight/dbias columns over fixed row chunks, then in chunk order.
+#include "../kernels/layer_norm.h"
 
 #include <algorithm>
 #include <cmath>
 #include <memory>
+
+#include "column_sum.h"
+#include "cpu_common.h"
 
 namespace fls {
 namespace cpu {
@@ -115,8 +120,8 @@ inline void prefetch_row_start(const T* p, int64_t n) {
 }
 
 template <typename T>
-void layer_norm_fwd(const T* x, const T* weight, const T* bias, T* y, acc_t<T>* mean, acc_t<T>* rstd, int64_t rows,
-                    int64_t cols, double eps) {
+void fwd_impl(const T* x, const T* weight, const T* bias, T* y, acc_t<T>* mean, acc_t<T>* rstd, int64_t rows,
+              int64_t cols, double eps) {
   parallel_for(rows, grain_for(cols), [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       if (r + 1 < end) prefetch_row_start(x + (r + 1) * cols, cols);
@@ -126,19 +131,14 @@ void layer_norm_fwd(const T* x, const T* weight, const T* bias, T* y, acc_t<T>* 
 }
 
 template <typename T>
-void layer_norm_bwd(const T* dy, const T* x, const T* weight, const acc_t<T>* mean, const acc_t<T>* rstd, T* dx,
-                    T* dweight, T* dbias, int64_t rows, int64_t cols) {
+void bwd_impl(const T* dy, const T* x, const T* weight, const acc_t<T>* mean, const acc_t<T>* rstd, T* dx,
+              T* dweight, T* dbias, int64_t rows, int64_t cols) {
   using A = acc_t<T>;
   // dx row by row, and per fixed chunk of rows the partial column sums of dweight/dbias, which are
   // then added in chunk order. The chunking does not depend on the thread count, so neither does
   // the result.
   constexpr int64_t kChunk = 32;
   const int64_t chunks = (rows + kChunk - 1) / kChunk;
-  if (chunks == 0) {  // no rows: zero gradients
-    std::fill(dweight, dweight + cols, static_cast<T>(0));
-    std::fill(dbias, dbias + cols, static_cast<T>(0));
-    return;
-  }
   // Uninitialised: every chunk's first row writes its partial sums.
   std::unique_ptr<A[]> pw(new A[chunks * cols]), pb(new A[chunks * cols]);
   parallel_for(chunks, grain_for(kChunk * cols), [&](int64_t begin, int64_t end) {
@@ -149,33 +149,25 @@ void layer_norm_bwd(const T* dy, const T* x, const T* weight, const acc_t<T>* me
                 pb.get() + k * cols, cols, r == r0);
     }
   });
-  // Chunk sums added in chunk order into chunk 0's row, a column block per task (rows of pw/pb are
-  // contiguous).
-  parallel_for(cols, std::max<int64_t>(64, grain_for(chunks)), [&](int64_t begin, int64_t end) {
-    A* w = pw.get();
-    A* b = pb.get();
-    for (int64_t k = 1; k < chunks; ++k) {
-      const A* pwk = w + k * cols;
-      const A* pbk = b + k * cols;
-#pragma omp simd
-      for (int64_t c = begin; c < end; ++c) {
-        w[c] += pwk[c];
-        b[c] += pbk[c];
-      }
-    }
-    for (int64_t c = begin; c < end; ++c) {
-      dweight[c] = static_cast<T>(w[c]);
-      dbias[c] = static_cast<T>(b[c]);
-    }
-  });
+  column_sum(pw.get(), dweight, chunks, cols);  // no rows (no chunks): zeros
+  column_sum(pb.get(), dbias, chunks, cols);
 }
 
-#define FLS_INSTANTIATE_LN(T)                                                                                 \
-  template void layer_norm_fwd<T>(const T*, const T*, const T*, T*, acc_t<T>*, acc_t<T>*, int64_t, int64_t, \
-                                  double);                                                                  \
-  template void layer_norm_bwd<T>(const T*, const T*, const T*, const acc_t<T>*, const acc_t<T>*, T*, T*, T*, \
-                                  int64_t, int64_t);
-FLS_CPU_INSTANTIATE(FLS_INSTANTIATE_LN)
+void layer_norm_fwd(const LayerNormFwdParams& p) {
+  FLS_CPU_DISPATCH(p.dtype, using A = acc_t<scalar_t>;
+                   fwd_impl<scalar_t>(static_cast<const scalar_t*>(p.x), static_cast<const scalar_t*>(p.weight),
+                                      static_cast<const scalar_t*>(p.bias), static_cast<scalar_t*>(p.y),
+                                      static_cast<A*>(p.mean), static_cast<A*>(p.rstd), p.rows, p.cols, p.eps));
+}
+
+void layer_norm_bwd(const LayerNormBwdParams& p) {
+  FLS_CPU_DISPATCH(p.dtype, using A = acc_t<scalar_t>;
+                   bwd_impl<scalar_t>(static_cast<const scalar_t*>(p.dy), static_cast<const scalar_t*>(p.x),
+                                      static_cast<const scalar_t*>(p.weight), static_cast<const A*>(p.mean),
+                                      static_cast<const A*>(p.rstd), static_cast<scalar_t*>(p.dx),
+                                      static_cast<scalar_t*>(p.dweight), static_cast<scalar_t*>(p.dbias), p.rows,
+                                      p.cols));
+}
 
 }  // namespace cpu
 }  // namespace fls

@@ -3,8 +3,9 @@
 // 4-wide vector loop when the pointers allow it, then a scalar tail, so any size is covered.
 #include <cstdint>
 
-#include "adam.h"
+#include "../kernels/adam.h"
 #include "dtype.cuh"
+#include "launch.cuh"
 
 namespace fls {
 namespace cuda {
@@ -55,13 +56,12 @@ __global__ void __launch_bounds__(kThreads) adam_kernel(const AdamTensor* __rest
 
 }  // namespace
 
-int adam_step(DType grad_dtype, const AdamTensor* tensors, const int64_t* chunks, int64_t num_chunks,
-              const AdamCoeffs& coeffs, void* stream) {
+int adam_step(const AdamStepParams& p, const int64_t* chunks, int64_t num_chunks, void* stream) {
   if (num_chunks == 0) return 0;
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
   const int blocks = static_cast<int>(num_chunks < 65535LL * 16 ? num_chunks : 65535LL * 16);
-  FLS_CUDA_DISPATCH(grad_dtype,
-                    adam_kernel<scalar_t><<<blocks, kThreads, 0, s>>>(tensors, chunks, num_chunks, coeffs));
+  FLS_CUDA_DISPATCH(p.grad_dtype,
+                    adam_kernel<scalar_t><<<blocks, kThreads, 0, s>>>(p.tensors, chunks, num_chunks, p.coeffs));
   FLS_CUDA_RETURN_LAST_ERROR();
 }
 

@@ -13,6 +13,16 @@ namespace {
 
 constexpr int kSumCols = 32, kSumGroups = 16;
 
+// The partition of `rows` rows into chunks for the partial sums: about target_chunks chunks of at least
+// min_rows rows each. It depends on the shape only, never on the device or timing.
+inline int64_t rows_per_chunk(int64_t rows, int64_t target_chunks, int64_t min_rows) {
+  const int64_t r = (rows + target_chunks - 1) / target_chunks;
+  return r > min_rows ? r : min_rows;
+}
+inline int64_t chunk_count(int64_t rows, int64_t rows_per_chunk) {
+  return (rows + rows_per_chunk - 1) / rows_per_chunk;
+}
+
 // out0[c] = sum_k p0[k * cols + c] and, when p1 is not null, out1[c] likewise from p1.
 template <typename T>
 __global__ void __launch_bounds__(kSumCols* kSumGroups)

@@ -1,9 +1,11 @@
 // Label-smoothed cross entropy forward/backward: one block per row, any V (strided loops). The
 // forward is a single pass over the row with per-thread online max / exp-sum / (max - z) sums,
 // merged across the block; the backward recomputes p_v = exp(z_v - lse) from the saved lse.
-#include "cross_entropy.h"
+#include "../kernels/cross_entropy.h"
 #include "dtype.cuh"
 #include "fls/label_smoothing.h"
+#include "launch.cuh"
+#include "reduce.cuh"
 
 namespace fls {
 namespace cuda {
@@ -89,25 +91,24 @@ __global__ void __launch_bounds__(kThreads) ls_xent_bwd_kernel(const float* __re
 
 }  // namespace
 
-int ls_cross_entropy_fwd(DType dt, const void* logits, const int64_t* target, float* loss, float* nll, float* lse,
-                         int64_t rows, int64_t V, double epsilon, int64_t ignore_index, void* stream) {
-  if (rows == 0) return 0;
+int ls_cross_entropy_fwd(const LsCrossEntropyFwdParams& p, void* stream) {
+  if (p.rows == 0) return 0;
   auto s = static_cast<cudaStream_t>(stream);
-  const LsCoef<float> c = ls_coef<float>(epsilon, V);
-  FLS_CUDA_DISPATCH(dt, ls_xent_fwd_kernel<scalar_t><<<static_cast<unsigned>(rows), kThreads, 0, s>>>(
-                            static_cast<const scalar_t*>(logits), target, loss, nll, lse, V, c, ignore_index));
+  const LsCoef<float> c = ls_coef<float>(p.epsilon, p.V);
+  FLS_CUDA_DISPATCH(p.dtype, ls_xent_fwd_kernel<scalar_t><<<static_cast<unsigned>(p.rows), kThreads, 0, s>>>(
+                                 static_cast<const scalar_t*>(p.logits), p.target, static_cast<float*>(p.loss),
+                                 static_cast<float*>(p.nll), static_cast<float*>(p.lse), p.V, c, p.ignore_index));
   FLS_CUDA_RETURN_LAST_ERROR();
 }
 
-int ls_cross_entropy_bwd(DType dt, const float* dloss, const float* dnll, const void* logits, const int64_t* target,
-                         const float* lse, void* dlogits, int64_t rows, int64_t V, double epsilon,
-                         int64_t ignore_index, void* stream) {
-  if (rows == 0) return 0;
+int ls_cross_entropy_bwd(const LsCrossEntropyBwdParams& p, void* stream) {
+  if (p.rows == 0) return 0;
   auto s = static_cast<cudaStream_t>(stream);
-  const LsCoef<float> c = ls_coef<float>(epsilon, V);
-  FLS_CUDA_DISPATCH(dt, ls_xent_bwd_kernel<scalar_t><<<static_cast<unsigned>(rows), kThreads, 0, s>>>(
-                            dloss, dnll, static_cast<const scalar_t*>(logits), target, lse,
-                            static_cast<scalar_t*>(dlogits), V, c, ignore_index));
+  const LsCoef<float> c = ls_coef<float>(p.epsilon, p.V);
+  FLS_CUDA_DISPATCH(p.dtype, ls_xent_bwd_kernel<scalar_t><<<static_cast<unsigned>(p.rows), kThreads, 0, s>>>(
+                                 static_cast<const float*>(p.dloss), static_cast<const float*>(p.dnll),
+                                 static_cast<const scalar_t*>(p.logits), p.target, static_cast<const float*>(p.lse),
+                                 static_cast<scalar_t*>(p.dlogits), p.V, c, p.ignore_index));
   FLS_CUDA_RETURN_LAST_ERROR();
 }
 

@@ -15,10 +15,12 @@
 // per Philox group of 4 stream elements, grid-stride over any size; backward walks one column of a
 // 64-row chunk per thread (one Philox call per element). The mask is regenerated from (seed, offset),
 // never stored.
-#include "dropout.h"
+#include "../kernels/dropout.h"
 #include "column_sums.cuh"
 #include "dtype.cuh"
 #include "fls/philox.h"
+#include "launch.cuh"
+#include "vec.cuh"
 
 namespace fls {
 namespace cuda {
@@ -31,13 +33,6 @@ constexpr int64_t kMaxGridY = 65535;
 // Fast backward: a block chunk is by * R rows with by = kThreads / bx >= kThreads / kMaxVecCols = 8 and
 // R >= 8, so it is never smaller than kRowsPerChunk and the general workspace size covers it.
 constexpr int kMaxVecCols = 32;
-
-// 16 bytes of T: one vector load/store (V = 8 halves or 4 floats).
-template <typename T>
-struct alignas(16) Vec {
-  static constexpr int kN = 16 / sizeof(T);
-  T v[kN];
-};
 
 // The Philox groups covering stream elements offset .. offset+n-1: the first, and how many.
 __device__ __forceinline__ uint64_t first_group(const DropoutParams& d) { return d.offset >> 2; }
@@ -117,30 +112,27 @@ __global__ void fwd_kernel(const T* __restrict__ x, const T* __restrict__ bias, 
 template <typename T, Act ACT, bool RESID>
 __global__ void fwd_vec_kernel(const T* __restrict__ x, const T* __restrict__ bias, const T* __restrict__ residual,
                                T* __restrict__ y, int64_t rows, int64_t cols, int vec_cols, DropoutParams d) {
-  constexpr int V = Vec<T>::kN;
+  constexpr int V = Pack<T>::kN;
   const int vc = blockIdx.x * blockDim.x + threadIdx.x;
   if (vc >= vec_cols) return;
   const float scale = d.threshold != 0 ? d.scale : 1.0f;
-  const Vec<T> bv = *reinterpret_cast<const Vec<T>*>(bias + static_cast<int64_t>(vc) * V);
   float b[V];
-#pragma unroll
-  for (int j = 0; j < V; ++j) b[j] = to_float(bv.v[j]);
+  unpack<T>(*reinterpret_cast<const uint4*>(bias + static_cast<int64_t>(vc) * V), b);
   const int64_t row_step = static_cast<int64_t>(gridDim.y) * blockDim.y;
   for (int64_t r = static_cast<int64_t>(blockIdx.y) * blockDim.y + threadIdx.y; r < rows; r += row_step) {
     const int64_t e = r * cols + static_cast<int64_t>(vc) * V;
-    const Vec<T> xv = *reinterpret_cast<const Vec<T>*>(x + e);
-    Vec<T> rv;
-    if (RESID) rv = *reinterpret_cast<const Vec<T>*>(residual + e);
+    const uint4 xv = *reinterpret_cast<const uint4*>(x + e);
+    uint4 rv;
+    if (RESID) rv = *reinterpret_cast<const uint4*>(residual + e);
     const uint32_t bits = keep_bits_aligned<V>(e, d);
-    Vec<T> yv;
+    float h[V];
 #pragma unroll
     for (int j = 0; j < V; ++j) {
       const float f = ((bits >> j) & 1u) ? scale : 0.0f;
-      float h = act_fwd<ACT, float>(to_float(xv.v[j]) + b[j]) * f;
-      if (RESID) h = to_float(rv.v[j]) + h;
-      yv.v[j] = from_float<T>(h);
+      h[j] = act_fwd<ACT, float>(unpack<T>(xv, j) + b[j]) * f;
+      if (RESID) h[j] = unpack<T>(rv, j) + h[j];
     }
-    *reinterpret_cast<Vec<T>*>(y + e) = yv;
+    *reinterpret_cast<uint4*>(y + e) = pack<T>(h);
   }
 }
 
@@ -182,7 +174,7 @@ __global__ void __launch_bounds__(kThreads) bwd_vec_kernel(const T* __restrict__
                                                            float* __restrict__ partial, int64_t rows, int64_t cols,
                                                            int vec_cols, int rows_per_thread, int64_t chunks,
                                                            DropoutParams d) {
-  constexpr int V = Vec<T>::kN;
+  constexpr int V = Pack<T>::kN;
   __shared__ __align__(16) float red[kThreads * V];  // [ty][tx * V + j]
   const int bx = blockDim.x, by = blockDim.y, tx = threadIdx.x, ty = threadIdx.y;
   const int vc = blockIdx.x * bx + tx;
@@ -191,11 +183,7 @@ __global__ void __launch_bounds__(kThreads) bwd_vec_kernel(const T* __restrict__
   float b[V];
 #pragma unroll
   for (int j = 0; j < V; ++j) b[j] = 0.0f;
-  if (ACT != Act::kIdentity && active) {
-    const Vec<T> bv = *reinterpret_cast<const Vec<T>*>(bias + static_cast<int64_t>(vc) * V);
-#pragma unroll
-    for (int j = 0; j < V; ++j) b[j] = to_float(bv.v[j]);
-  }
+  if (ACT != Act::kIdentity && active) unpack<T>(*reinterpret_cast<const uint4*>(bias + static_cast<int64_t>(vc) * V), b);
   const int64_t chunk_rows = static_cast<int64_t>(by) * rows_per_thread;
   for (int64_t chunk = blockIdx.y; chunk < chunks; chunk += gridDim.y) {
     float s[V];
@@ -213,20 +201,20 @@ __global__ void __launch_bounds__(kThreads) bwd_vec_kernel(const T* __restrict__
 #pragma unroll(kGeluLike<ACT> ? 2 : 4)
       for (int i = 0; i < n_i; ++i) {
         const int64_t e = (r0 + static_cast<int64_t>(i) * by) * cols + static_cast<int64_t>(vc) * V;
-        const Vec<T> gv = *reinterpret_cast<const Vec<T>*>(dy + e);
-        Vec<T> xv;
-        if (ACT != Act::kIdentity) xv = *reinterpret_cast<const Vec<T>*>(x + e);
+        const uint4 gv = *reinterpret_cast<const uint4*>(dy + e);
+        uint4 xv;
+        if (ACT != Act::kIdentity) xv = *reinterpret_cast<const uint4*>(x + e);
         const uint32_t bits = keep_bits_aligned<V>(e, d);
-        Vec<T> ov;
+        float o[V];
 #pragma unroll
         for (int j = 0; j < V; ++j) {
           // Same arithmetic as bwd_partial_kernel: dy * factor * act'(x + b).
-          float g = to_float(gv.v[j]) * (((bits >> j) & 1u) ? scale : 0.0f);
-          if (ACT != Act::kIdentity) g *= act_grad<ACT, float>(to_float(xv.v[j]) + b[j]);
-          ov.v[j] = from_float<T>(g);
+          float g = unpack<T>(gv, j) * (((bits >> j) & 1u) ? scale : 0.0f);
+          if (ACT != Act::kIdentity) g *= act_grad<ACT, float>(unpack<T>(xv, j) + b[j]);
+          o[j] = g;
           s[j] += g;
         }
-        *reinterpret_cast<Vec<T>*>(dx + e) = ov;
+        *reinterpret_cast<uint4*>(dx + e) = pack<T>(o);
       }
     }
     // float4 stores (V is 4 or 8, so the thread's slot is 16-byte aligned): fewer bank conflicts.
@@ -249,16 +237,14 @@ __global__ void __launch_bounds__(kThreads) bwd_vec_kernel(const T* __restrict__
 }
 
 // --- launchers ---
-bool aligned16(const void* p) { return p == nullptr || reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
 // The fast (vector) kernels apply: 4 consecutive row elements form one Philox group, rows are whole
 // vectors, and every pointer allows 16-byte accesses.
 template <typename T>
 bool use_vec_path(int64_t cols, const DropoutParams& d, const void* a, const void* b, const void* c,
                   const void* e) {
-  constexpr int V = Vec<T>::kN;
+  constexpr int V = Pack<T>::kN;
   return (d.threshold == 0 || d.offset % 4 == 0) && cols % V == 0 && cols / V <= (int64_t{1} << 30) &&
-         aligned16(a) && aligned16(b) && aligned16(c) && aligned16(e);
+         aligned16_or_null(a) && aligned16_or_null(b) && aligned16_or_null(c) && aligned16_or_null(e);
 }
 
 // Threads of a block along the column vectors: up to kMaxVecCols, a power of two (kThreads / bx rows).
@@ -268,14 +254,14 @@ int vec_block_x(int64_t vec_cols) {
   return bx;
 }
 
-int64_t num_chunks(int64_t rows) { return (rows + kRowsPerChunk - 1) / kRowsPerChunk; }
+int64_t num_chunks(int64_t rows) { return chunk_count(rows, kRowsPerChunk); }
 
 template <typename T, Act ACT, bool RESID>
 void launch_fwd(const void* x, const void* bias, const void* residual, void* y, int64_t rows, int64_t cols,
                 const DropoutParams& d, cudaStream_t s) {
   const int64_t n = rows * cols;
   if (use_vec_path<T>(cols, d, x, bias, residual, y)) {
-    const int vec_cols = static_cast<int>(cols / Vec<T>::kN);
+    const int vec_cols = static_cast<int>(cols / Pack<T>::kN);
     const int bx = vec_block_x(vec_cols), by = kThreads / bx;
     const int64_t gy = (rows + by - 1) / by;
     const dim3 grid(static_cast<unsigned>((vec_cols + bx - 1) / bx), static_cast<unsigned>(gy < kMaxGridY ? gy : kMaxGridY));
@@ -296,7 +282,7 @@ void launch_bwd(const void* dy, const void* x, const void* bias, void* dx, void*
   const bool ident = ACT == Act::kIdentity;
   int64_t chunks = 0;
   if (use_vec_path<T>(cols, d, dy, ident ? nullptr : x, ident ? nullptr : bias, dx)) {
-    const int vec_cols = static_cast<int>(cols / Vec<T>::kN);
+    const int vec_cols = static_cast<int>(cols / Pack<T>::kN);
     const int bx = vec_block_x(vec_cols), by = kThreads / bx;
     // Rows per thread from the shape only: 8 keeps enough blocks at ~4k rows, 16 halves the partial
     // buffer (rows / (16 * by) chunks) at large row counts.
@@ -325,7 +311,10 @@ void launch_bwd(const void* dy, const void* x, const void* bias, void* dx, void*
 
 }  // namespace
 
-int dropout_mask(bool* keep, int64_t n, const DropoutParams& d, void* stream) {
+int dropout_mask(const DropoutMaskParams& p, void* stream) {
+  bool* keep = p.keep;
+  const int64_t n = p.n;
+  const DropoutParams& d = p.drop;
   if (n == 0) return 0;
   auto s = static_cast<cudaStream_t>(stream);
   if (d.offset % 4 == 0 && reinterpret_cast<uintptr_t>(keep) % 4 == 0) {
@@ -336,15 +325,18 @@ int dropout_mask(bool* keep, int64_t n, const DropoutParams& d, void* stream) {
   FLS_CUDA_RETURN_LAST_ERROR();
 }
 
-int bias_act_dropout_fwd(DType dt, const void* x, const void* bias, const void* residual, void* y, int64_t rows,
-                         int64_t cols, Act act, const DropoutParams& d, void* stream) {
+int bias_act_dropout_fwd(const BiasActDropoutFwdParams& p, void* stream) {
+  const void *x = p.x, *bias = p.bias, *residual = p.residual;
+  void* y = p.y;
+  const int64_t rows = p.rows, cols = p.cols;
+  const DropoutParams& d = p.drop;
   if (rows * cols == 0) return 0;
   auto s = static_cast<cudaStream_t>(stream);
   FLS_CUDA_DISPATCH(
-      dt, if (residual != nullptr) {
+      p.dtype, if (residual != nullptr) {
         launch_fwd<scalar_t, Act::kIdentity, true>(x, bias, residual, y, rows, cols, d, s);
       } else {
-        switch (act) {
+        switch (p.act) {
           case Act::kIdentity: launch_fwd<scalar_t, Act::kIdentity, false>(x, bias, nullptr, y, rows, cols, d, s); break;
           case Act::kRelu: launch_fwd<scalar_t, Act::kRelu, false>(x, bias, nullptr, y, rows, cols, d, s); break;
           case Act::kGelu: launch_fwd<scalar_t, Act::kGelu, false>(x, bias, nullptr, y, rows, cols, d, s); break;
@@ -357,12 +349,15 @@ int bias_act_dropout_fwd(DType dt, const void* x, const void* bias, const void* 
 // Enough for both backward paths: the fast path's chunks are >= kRowsPerChunk rows.
 int64_t bias_act_dropout_bwd_workspace(int64_t rows, int64_t cols) { return num_chunks(rows) * cols; }
 
-int bias_act_dropout_bwd(DType dt, const void* dy, const void* x, const void* bias, void* dx, void* dbias,
-                         float* workspace, int64_t rows, int64_t cols, Act act, const DropoutParams& d, void* stream) {
+int bias_act_dropout_bwd(const BiasActDropoutBwdParams& p, float* workspace, void* stream) {
+  const void *dy = p.dy, *x = p.x, *bias = p.bias;
+  void *dx = p.dx, *dbias = p.dbias;
+  const int64_t rows = p.rows, cols = p.cols;
+  const DropoutParams& d = p.drop;
   if (cols == 0) return 0;
   auto s = static_cast<cudaStream_t>(stream);
   FLS_CUDA_DISPATCH(
-      dt, switch (act) {
+      p.dtype, switch (p.act) {
         case Act::kIdentity: launch_bwd<scalar_t, Act::kIdentity>(dy, x, bias, dx, dbias, workspace, rows, cols, d, s); break;
         case Act::kRelu: launch_bwd<scalar_t, Act::kRelu>(dy, x, bias, dx, dbias, workspace, rows, cols, d, s); break;
         case Act::kGelu: launch_bwd<scalar_t, Act::kGelu>(dy, x, bias, dx, dbias, workspace, rows, cols, d, s); break;

@@ -5,9 +5,11 @@
 // needs a device->host copy, i.e. a stream sync per call.
 #include <cstdio>
 
+#include "../kernels/embedding.h"
 #include "dtype.cuh"
-#include "embedding.h"
 #include "fls/philox.h"
+#include "launch.cuh"
+#include "vec.cuh"
 
 // The device assert that check_id ends with (as PyTorch's CUDA_KERNEL_ASSERT_PRINTF does): glibc's
 // __assert_fail, which CUDA also provides on the device. <assert.h> declares it only without NDEBUG, so it
@@ -190,8 +192,6 @@ __global__ void __launch_bounds__(kBwdThreads)
   }
 }
 
-bool aligned16(const void* p) { return p == nullptr || reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
 int pow2_at_least(int64_t v, int cap) {
   int p = 1;
   while (p < v && p < cap) p *= 2;
@@ -204,8 +204,8 @@ void launch_fwd(const int64_t* tokens, const int64_t* positions, const T* weight
                 float scale, DropoutParams d, cudaStream_t st) {
   constexpr int N = Pack<T>::kN;
   const bool drop = d.threshold != 0, pos = pos_weight != nullptr;
-  const bool fast = dim % N == 0 && dim <= (int64_t{1} << 30) && aligned16(weight) && aligned16(pos_weight) &&
-                    aligned16(out) && (!drop || d.offset % 4 == 0);
+  const bool fast = dim % N == 0 && dim <= (int64_t{1} << 30) && aligned16(weight) &&
+                    aligned16_or_null(pos_weight) && aligned16(out) && (!drop || d.offset % 4 == 0);
   if (fast) {
     const int tpr = pow2_at_least(dim / N, kFwdThreads);
     const int64_t rows_per_block = kFwdThreads / tpr;
@@ -252,27 +252,28 @@ int launch_bwd_v(const T* grad, const int64_t* sorted_keys, const int64_t* order
 
 }  // namespace
 
-int embedding_fwd(DType dt, const int64_t* tokens, const int64_t* positions, const void* weight,
-                  const void* pos_weight, void* out, int64_t n, int64_t dim, int64_t num_embeddings,
-                  int64_t num_positions, int64_t padding_idx, double scale, DropoutParams d, void* stream) {
-  if (n == 0 || dim == 0) return 0;
-  FLS_CUDA_DISPATCH(dt, launch_fwd<scalar_t>(tokens, positions, static_cast<const scalar_t*>(weight),
-                                             static_cast<const scalar_t*>(pos_weight), static_cast<scalar_t*>(out),
-                                             n, dim, num_embeddings, num_positions, padding_idx,
-                                             static_cast<float>(scale), d, static_cast<cudaStream_t>(stream)));
+int embedding_fwd(const EmbeddingFwdParams& p, void* stream) {
+  if (p.n == 0 || p.dim == 0) return 0;
+  FLS_CUDA_DISPATCH(p.dtype, launch_fwd<scalar_t>(p.tokens, p.positions, static_cast<const scalar_t*>(p.weight),
+                                                  static_cast<const scalar_t*>(p.pos_weight),
+                                                  static_cast<scalar_t*>(p.out), p.n, p.dim, p.num_embeddings,
+                                                  p.num_positions, p.padding_idx, static_cast<float>(p.scale), p.drop,
+                                                  static_cast<cudaStream_t>(stream)));
   FLS_CUDA_RETURN_LAST_ERROR();
 }
 
-int embedding_bwd_table(DType dt, const void* grad, const int64_t* sorted_keys, const int64_t* order, int64_t n,
-                        int64_t dim, int64_t num_rows, bool keys_are_positions, double mult, DropoutParams d,
-                        void* out, void* stream) {
+int embedding_table_grad(const EmbeddingTableGradParams& p, const int64_t* sorted_keys, const int64_t* order,
+                         void* stream) {
+  const int64_t n = p.n, dim = p.dim, num_rows = p.num_rows;
+  const DropoutParams& d = p.drop;
+  const bool keys_are_positions = p.keys_are_positions;
   if (n == 0 || dim == 0) return 0;
   auto st = static_cast<cudaStream_t>(stream);
   const bool v4 = dim % 4 == 0 && (d.threshold == 0 || d.offset % 4 == 0);
-  const float m = static_cast<float>(mult);
+  const float m = static_cast<float>(p.mult);
   int err = 0;
   FLS_CUDA_DISPATCH(
-      dt, using T = scalar_t; const T* g = static_cast<const T*>(grad); T* o = static_cast<T*>(out);
+      p.dtype, using T = scalar_t; const T* g = static_cast<const T*>(p.grad); T* o = static_cast<T*>(p.out);
       err = v4 ? launch_bwd_v<T, 4>(g, sorted_keys, order, n, dim, num_rows, keys_are_positions, m, d, o, st)
                : launch_bwd_v<T, 1>(g, sorted_keys, order, n, dim, num_rows, keys_are_positions, m, d, o, st));
   if (err != 0) return err;

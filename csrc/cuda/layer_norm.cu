@@ -6,9 +6,12 @@
 // General path (any other shape): one block per row, and a separate column-partial kernel.
 // Both paths finish the weight/bias gradients with the same deterministic column sum: the rows are cut
 // into chunks from the shape alone, each chunk is summed in a fixed order, then the chunks in order.
+#include "../kernels/layer_norm.h"
 #include "column_sums.cuh"
 #include "dtype.cuh"
-#include "layer_norm.h"
+#include "launch.cuh"
+#include "reduce.cuh"
+#include "vec.cuh"
 
 namespace fls {
 namespace cuda {
@@ -22,12 +25,6 @@ constexpr int kMaxFastCols = 1024;  // fast path: row length bound (registers an
 constexpr int kMaxElemsPerLane = 32;  // fast path: register bound, elements of a row per lane
 constexpr int64_t kTargetChunks = 1024;  // fast backward: about this many row chunks (blocks)
 constexpr int64_t kMinRowsPerChunk = 2 * kWarps;
-
-
-__device__ __forceinline__ float warp_sum(float v) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
 
 // ---------------------------------------------------------------------------------------------------
 // Fast path. Lane `lane` of the warp owns the packs v = lane + 32 * k (k < NV) of the row, i.e. the
@@ -264,19 +261,11 @@ __global__ void ln_bwd_partial_kernel(const T* __restrict__ dy, const T* __restr
 
 // ---------------------------------------------------------------------------------------------------
 
-int64_t general_chunks(int64_t rows) { return (rows + kRowsPerChunk - 1) / kRowsPerChunk; }
+int64_t general_chunks(int64_t rows) { return chunk_count(rows, kRowsPerChunk); }
 
 // Fast backward chunking: from the shape only (deterministic); at most kTargetChunks chunks.
-int64_t fast_rows_per_chunk(int64_t rows) {
-  const int64_t r = (rows + kTargetChunks - 1) / kTargetChunks;
-  return r < kMinRowsPerChunk ? kMinRowsPerChunk : r;
-}
-int64_t fast_chunks(int64_t rows) {
-  const int64_t r = fast_rows_per_chunk(rows);
-  return (rows + r - 1) / r;
-}
-
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+int64_t fast_rows_per_chunk(int64_t rows) { return rows_per_chunk(rows, kTargetChunks, kMinRowsPerChunk); }
+int64_t fast_chunks(int64_t rows) { return chunk_count(rows, fast_rows_per_chunk(rows)); }
 
 // Packs per lane for the fast path: NV = smallest power of two with 32 * NV * kN >= cols; 0 = no fast path.
 template <typename T>
@@ -351,13 +340,13 @@ void launch_bwd(const T* dy, const T* x, const T* w, const float* mean, const fl
 
 }  // namespace
 
-int layer_norm_fwd(DType dt, const void* x, const void* weight, const void* bias, void* y, float* mean, float* rstd,
-                   int64_t rows, int64_t cols, double eps, void* stream) {
-  if (rows == 0) return 0;
-  FLS_CUDA_DISPATCH(dt, launch_fwd<scalar_t>(static_cast<const scalar_t*>(x), static_cast<const scalar_t*>(weight),
-                                             static_cast<const scalar_t*>(bias), static_cast<scalar_t*>(y), mean,
-                                             rstd, rows, cols, static_cast<float>(eps),
-                                             static_cast<cudaStream_t>(stream)));
+int layer_norm_fwd(const LayerNormFwdParams& p, void* stream) {
+  if (p.rows == 0) return 0;
+  FLS_CUDA_DISPATCH(p.dtype, launch_fwd<scalar_t>(static_cast<const scalar_t*>(p.x),
+                                                  static_cast<const scalar_t*>(p.weight),
+                                                  static_cast<const scalar_t*>(p.bias), static_cast<scalar_t*>(p.y),
+                                                  static_cast<float*>(p.mean), static_cast<float*>(p.rstd), p.rows,
+                                                  p.cols, static_cast<float>(p.eps), static_cast<cudaStream_t>(stream)));
   FLS_CUDA_RETURN_LAST_ERROR();
 }
 
@@ -367,14 +356,14 @@ int64_t layer_norm_bwd_workspace(int64_t rows, int64_t cols) {
   return 2 * (a > b ? a : b) * cols;
 }
 
-int layer_norm_bwd(DType dt, const void* dy, const void* x, const void* weight, const float* mean,
-                   const float* rstd, void* dx, void* dweight, void* dbias, float* workspace, int64_t rows,
-                   int64_t cols, void* stream) {
-  FLS_CUDA_DISPATCH(dt, launch_bwd<scalar_t>(static_cast<const scalar_t*>(dy), static_cast<const scalar_t*>(x),
-                                             static_cast<const scalar_t*>(weight), mean, rstd,
-                                             static_cast<scalar_t*>(dx), static_cast<scalar_t*>(dweight),
-                                             static_cast<scalar_t*>(dbias), workspace, rows, cols,
-                                             static_cast<cudaStream_t>(stream)));
+int layer_norm_bwd(const LayerNormBwdParams& p, float* workspace, void* stream) {
+  FLS_CUDA_DISPATCH(p.dtype, launch_bwd<scalar_t>(static_cast<const scalar_t*>(p.dy),
+                                                  static_cast<const scalar_t*>(p.x),
+                                                  static_cast<const scalar_t*>(p.weight),
+                                                  static_cast<const float*>(p.mean), static_cast<const float*>(p.rstd),
+                                                  static_cast<scalar_t*>(p.dx), static_cast<scalar_t*>(p.dweight),
+                                                  static_cast<scalar_t*>(p.dbias), workspace, p.rows, p.cols,
+                                                  static_cast<cudaStream_t>(stream)));
   FLS_CUDA_RETURN_LAST_ERROR();
 }
 

@@ -1,5 +1,5 @@
-// ATen-side helpers shared by the op wrappers in csrc/ops/: argument checks with messages that
-// name the argument and the limit, DType mapping, dropout parameters, CUDA launch checks.
+// ATen-side helpers shared by the op layer (csrc/ops/<family>.h): argument checks with messages that
+// name the argument and the limit, DType mapping, dropout parameters.
 #pragma once
 #include <ATen/ATen.h>
 #include <torch/library.h>
@@ -7,11 +7,6 @@
 #include <string>
 
 #include "fls/common.h"
-
-#ifdef FLS_WITH_CUDA
-#include <ATen/cuda/CUDAContext.h>
-#include <c10/cuda/CUDAGuard.h>
-#endif
 
 namespace fls {
 
@@ -39,6 +34,9 @@ inline void check_float(const at::Tensor& t, const char* name) {
   }
 }
 
+// Accumulation dtype of statistics (mean, rstd, lse, ...) kept for x: float64 for float64, else float32.
+inline at::ScalarType acc_type(const at::Tensor& x) { return x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat; }
+
 inline void check_same(const at::Tensor& t, const at::Tensor& ref, const char* name, const char* ref_name) {
   TORCH_CHECK(t.device() == ref.device(), name, " is on ", t.device(), " but ", ref_name, " is on ", ref.device());
   TORCH_CHECK(t.scalar_type() == ref.scalar_type(), name, " has dtype ", t.scalar_type(), " but ", ref_name,
@@ -60,19 +58,5 @@ inline DropoutParams make_dropout(double p, int64_t seed, int64_t offset) {
   d.scale = p >= 1.0 ? 0.0f : static_cast<float>(1.0 / (1.0 - p));
   return d;
 }
-
-#ifdef FLS_WITH_CUDA
-inline void* current_stream(const at::Tensor& t) {
-  return static_cast<void*>(at::cuda::getCurrentCUDAStream(t.device().index()).stream());
-}
-// CUDA launchers return an int cudaError_t (0 = success) so that their headers stay free of CUDA.
-#define FLS_CHECK_LAUNCH(expr)                                                          \
-  do {                                                                                  \
-    int fls_err_ = (expr);                                                              \
-    TORCH_CHECK(fls_err_ == 0, "fairseq_lightseq CUDA kernel failed: ", #expr,          \
-                " returned cudaError ", fls_err_, " (", ::fls::cuda_error_string(fls_err_), ")"); \
-  } while (0)
-const char* cuda_error_string(int err);
-#endif
 
 }  // namespace fls

@@ -1,15 +1,49 @@
-"""`python -m fairseq_lightseq.info` reports what was built, and its op table matches the registry."""
+"""`python -m fairseq_lightseq.info` reports what was built; its op table is derived from the public ops
+and the registry, and every public op and every registered op has its place in it."""
+import inspect
+import os
 import subprocess
 import sys
 
 import pytest
 
+import fairseq_lightseq.ops as ops
 from fairseq_lightseq import info
 from fairseq_lightseq.ops import _backend
 
+needs_library = pytest.mark.skipif(_backend._C is None, reason="compiled library not built")
 
-@pytest.mark.skipif(_backend._C is None, reason="compiled library not built")
-def test_every_public_op_reports_its_compiled_cpu_kernel():
+# What the table must find: every op exported by fairseq_lightseq.ops (the package's public surface).
+EXPORTED = {name for name, obj in vars(ops).items()
+            if inspect.isfunction(obj) and obj.__module__.startswith("fairseq_lightseq.ops.")
+            and not obj.__module__.startswith(("fairseq_lightseq.ops.reference", "fairseq_lightseq.ops._backend"))}
+
+
+def test_every_exported_op_has_a_row():
+    assert EXPORTED, "no public op found in fairseq_lightseq.ops"
+    assert EXPORTED <= set(info.OPS), f"public ops without a row: {sorted(EXPORTED - set(info.OPS))}"
+
+
+@needs_library
+def test_every_public_op_has_a_compiled_op():
+    assert {name: op for name, op in info.OPS.items() if op is None} == {}
+
+
+@needs_library
+def test_every_registered_op_belongs_to_a_public_op():
+    registered = info.registered_ops()
+    assert "layer_norm_fwd" in registered and "adam_step_" in registered
+    orphans = [op for op in registered if not any(op in info.ops_of(name, registered) for name in info.OPS)]
+    assert orphans == []
+
+
+def test_family_names():
+    assert [info.family(op) for op in ("layer_norm_fwd", "embedding_bwd", "adam_step_", "merge_heads")] == [
+        "layer_norm", "embedding", "adam_step", "merge_heads"]
+
+
+@needs_library
+def test_every_public_op_reports_its_compiled_kernels():
     table = info.backend_table()
     assert set(table) == set(info.OPS)
     assert {name: row["cpu"] for name, row in table.items()} == {name: "compiled" for name in info.OPS}
@@ -27,6 +61,6 @@ def test_info_command_prints_the_table():
 
 def test_gpu_check_script_parses():
     """scripts/gpu_check.sh only runs on a lent GPU, minutes at a time: CI at least parses it."""
-    import os
-    script = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "scripts", "gpu_check.sh")
+    script = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "scripts",
+                          "gpu_check.sh")
     subprocess.run(["bash", "-n", script], check=True)

@@ -1,0 +1,93 @@
+// Kernel interface of the attention family: attention probabilities (scale + key padding / causal masks +
+// softmax + dropout) and the head permutations around the attention GEMMs. The params the op layer fills
+// (csrc/ops/attention.h) and the entry point of each device (csrc/cpu/attention.cpp;
+// csrc/cuda/attention_softmax.cu and csrc/cuda/attention_heads.cu). Plain C++, included by the CUDA files.
+#pragma once
+#include <cstdint>
+
+#include "fls/common.h"
+
+namespace fls {
+
+// One attention-probability row per (b, h, i): rows = B*H*Tq, each of Tk keys.
+// scores, y: [B, H, Tq, Tk] dtype; key_padding_mask: [B, Tk] bool (true = pad) or nullptr; causal: key j
+// masked when j > i + (Tk - Tq). y = softmax(scale * scores + masks), saved for backward; out (same shape)
+// = y * keep / (1 - p), written only when drop.threshold > 0 (may be null otherwise). A row whose keys are
+// all masked gives zeros. Dropout element e = flat index into [B, H, Tq, Tk].
+struct AttentionSoftmaxFwdParams {
+  DType dtype;
+  const void* scores;
+  const bool* key_padding_mask;
+  void* y;
+  void* out;
+  int64_t B, H, Tq, Tk;
+  bool causal;
+  double scale;
+  DropoutParams drop;
+};
+
+// dscores = scale * y * (g - sum_j(g * y)), g = keep * dout / (1 - p), the keep mask regenerated.
+// dout, y, dscores: [rows, Tk] dtype.
+struct AttentionSoftmaxBwdParams {
+  DType dtype;
+  const void* dout;
+  const void* y;
+  void* dscores;
+  int64_t rows, Tk;
+  double scale;
+  DropoutParams drop;
+};
+
+// Token-major qkv [T, B, 3E] plus bias [3E] -> head-major q, k, v [B*H, T, hd] (E = H*hd):
+//   q/k/v[((b*H + h)*T + t)*hd + c] = qkv[(t*B + b)*3E + part*E + h*hd + c] + bias[part*E + h*hd + c].
+struct QkvBiasSplitParams {
+  DType dtype;
+  const void* qkv;
+  const void* bias;
+  void* q;
+  void* k;
+  void* v;
+  int64_t T, B, H, head_dim;
+};
+
+// Its backward: dqkv [T, B, 3E] = the inverse permutation of dq, dk, dv ([B*H, T, hd] each), and
+// dbias [3E] = column sums of dqkv in a fixed order (deterministic).
+struct QkvBiasSplitBwdParams {
+  DType dtype;
+  const void* dq;
+  const void* dk;
+  const void* dv;
+  void* dqkv;
+  void* dbias;
+  int64_t T, B, H, head_dim;
+};
+
+// Head-major x [B*H, T, hd] -> token-major y [T, B, H*hd].
+struct MergeHeadsParams {
+  DType dtype;
+  const void* x;
+  void* y;
+  int64_t T, B, H, head_dim;
+};
+
+// No CPU merge_heads: on CPU the op layer lets ATen's strided copy do it (csrc/ops/cpu_ops.cpp).
+namespace cpu {
+void attention_softmax_fwd(const AttentionSoftmaxFwdParams& p);
+void attention_softmax_bwd(const AttentionSoftmaxBwdParams& p);
+void qkv_bias_split(const QkvBiasSplitParams& p);
+void qkv_bias_split_bwd(const QkvBiasSplitBwdParams& p);
+}  // namespace cpu
+
+// CUDA launchers return a cudaError_t as int (0 = ok). Softmax: csrc/cuda/attention_softmax.cu; head
+// permutations: csrc/cuda/attention_heads.cu.
+namespace cuda {
+int attention_softmax_fwd(const AttentionSoftmaxFwdParams& p, void* stream);
+int attention_softmax_bwd(const AttentionSoftmaxBwdParams& p, void* stream);
+int qkv_bias_split(const QkvBiasSplitParams& p, void* stream);
+// Floats of scratch memory qkv_bias_split_bwd needs (per-chunk partial column sums of dqkv).
+int64_t qkv_bias_split_bwd_workspace(int64_t rows, int64_t cols);
+int qkv_bias_split_bwd(const QkvBiasSplitBwdParams& p, float* workspace, void* stream);
+int merge_heads(const MergeHeadsParams& p, void* stream);
+}  // namespace cuda
+
+}  // namespace fls

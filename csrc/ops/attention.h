@@ -1,0 +1,175 @@
+// Op layer of the attention family: argument checks and output allocation, shared by the CPU and CUDA
+// implementations (csrc/ops/cpu_ops.cpp, csrc/ops/cuda/cuda_ops.cpp).
+//
+//   attention_softmax_fwd(scores [B,H,Tq,Tk], key_padding_mask [B,Tk] bool or None, causal, scale, p, seed,
+//                         offset) -> (y, out)
+//     y   = softmax(scale * scores + masks), scores' dtype: returned to the user when dropout is off and
+//           saved for backward in every case;
+//     out = dropout(y) with the Philox stream (element index = flat index into [B,H,Tq,Tk]) when
+//           floor(p * 2^24) > 0, else an empty tensor (shape [0]).
+//   attention_softmax_bwd(dout, y, scale, p, seed, offset) -> dscores (the mask is regenerated).
+//   qkv_bias_split(qkv [T,B,3E], bias [3E], num_heads) -> (q, k, v) each [B*heads, T, E/heads];
+//   qkv_bias_split_bwd(dq, dk, dv, num_heads) -> (dqkv [T,B,3E], dbias [3E]);
+//   merge_heads(x [B*heads,T,hd], num_heads) -> [T,B,heads*hd]. Its backward is a view of dy (Python).
+#pragma once
+#include <cmath>
+
+#include "../kernels/attention.h"
+#include "utils.h"
+
+namespace fls {
+
+inline void check_softmax_scale(double scale, const char* op) {
+  TORCH_CHECK(std::isfinite(scale), op, ": scale must be finite, got ", scale);
+}
+
+struct AttentionSoftmaxFwd {
+  at::Tensor scores, key_padding_mask;  // mask undefined when absent
+  at::Tensor y, out;
+  AttentionSoftmaxFwdParams params;
+};
+
+inline AttentionSoftmaxFwd attention_softmax_fwd_prepare(const at::Tensor& scores,
+                                                         const c10::optional<at::Tensor>& key_padding_mask,
+                                                         bool causal, double scale, double p, int64_t seed,
+                                                         int64_t offset) {
+  check_float(scores, "attention_softmax: scores");
+  TORCH_CHECK(scores.dim() == 4, "attention_softmax: scores must be 4-D [B, H, Tq, Tk], got shape ", scores.sizes());
+  check_softmax_scale(scale, "attention_softmax");
+  const int64_t B = scores.size(0), H = scores.size(1), Tq = scores.size(2), Tk = scores.size(3);
+  const DropoutParams d = make_dropout(p, seed, offset);
+  AttentionSoftmaxFwd op;
+  if (key_padding_mask.has_value() && key_padding_mask->defined()) {
+    const at::Tensor& mask = *key_padding_mask;
+    TORCH_CHECK(mask.scalar_type() == at::kBool, "attention_softmax: key_padding_mask must be bool (True = pad), got ",
+                mask.scalar_type());
+    TORCH_CHECK(mask.device() == scores.device(), "attention_softmax: key_padding_mask is on ", mask.device(),
+                " but scores is on ", scores.device());
+    check_shape(mask, {B, Tk}, "attention_softmax: key_padding_mask");
+    op.key_padding_mask = mask.contiguous();
+  }
+  const bool drop = d.threshold != 0;
+  op.scores = scores.contiguous();
+  op.y = at::empty_like(op.scores);
+  op.out = drop ? at::empty_like(op.scores) : at::empty({0}, op.scores.options());
+  op.params = {.dtype = to_dtype(scores.scalar_type()), .scores = op.scores.data_ptr(),
+               .key_padding_mask = op.key_padding_mask.defined() ? op.key_padding_mask.data_ptr<bool>() : nullptr,
+               .y = op.y.data_ptr(), .out = drop ? op.out.data_ptr() : nullptr, .B = B, .H = H, .Tq = Tq, .Tk = Tk,
+               .causal = causal, .scale = scale, .drop = d};
+  return op;
+}
+
+struct AttentionSoftmaxBwd {
+  at::Tensor dout, y;
+  at::Tensor dscores;
+  AttentionSoftmaxBwdParams params;
+};
+
+inline AttentionSoftmaxBwd attention_softmax_bwd_prepare(const at::Tensor& dout, const at::Tensor& y, double scale,
+                                                         double p, int64_t seed, int64_t offset) {
+  check_float(y, "attention_softmax_bwd: y");
+  check_same(dout, y, "attention_softmax_bwd: dout", "y");
+  TORCH_CHECK(y.dim() == 4, "attention_softmax_bwd: y must be 4-D [B, H, Tq, Tk], got shape ", y.sizes());
+  check_shape(dout, y.sizes(), "attention_softmax_bwd: dout");
+  check_softmax_scale(scale, "attention_softmax_bwd");
+  const DropoutParams d = make_dropout(p, seed, offset);
+  const int64_t Tk = y.size(3);
+  AttentionSoftmaxBwd op;
+  op.y = y.contiguous();
+  op.dout = dout.contiguous();
+  op.dscores = at::empty_like(op.y);
+  op.params = {.dtype = to_dtype(y.scalar_type()), .dout = op.dout.data_ptr(), .y = op.y.data_ptr(),
+               .dscores = op.dscores.data_ptr(), .rows = Tk == 0 ? 0 : y.numel() / Tk, .Tk = Tk, .scale = scale,
+               .drop = d};
+  return op;
+}
+
+// Head size for E channels split into num_heads, with messages naming the argument.
+inline int64_t head_dim(int64_t E, int64_t num_heads, const char* op, const char* what) {
+  TORCH_CHECK(num_heads > 0, op, ": num_heads must be > 0, got ", num_heads);
+  TORCH_CHECK(E % num_heads == 0, op, ": num_heads ", num_heads, " must divide the embedding dim E = ", E, " (",
+              what, ")");
+  return E / num_heads;
+}
+
+// B from a head-major [B*heads, T, hd] tensor, with messages naming the argument.
+inline int64_t batch_of_heads(const at::Tensor& t, int64_t num_heads, const char* op, const char* name) {
+  TORCH_CHECK(t.dim() == 3, op, ": ", name, " must be 3-D [B*heads, T, head_dim], got shape ", t.sizes());
+  TORCH_CHECK(num_heads > 0, op, ": num_heads must be > 0, got ", num_heads);
+  TORCH_CHECK(t.size(0) % num_heads == 0, op, ": num_heads ", num_heads, " must divide ", name,
+              ".size(0) = B*heads = ", t.size(0));
+  return t.size(0) / num_heads;
+}
+
+struct QkvBiasSplit {
+  at::Tensor qkv, bias;
+  at::Tensor q, k, v;
+  QkvBiasSplitParams params;
+};
+
+inline QkvBiasSplit qkv_bias_split_prepare(const at::Tensor& qkv, const at::Tensor& bias, int64_t num_heads) {
+  check_float(qkv, "qkv_bias_split: qkv");
+  check_same(bias, qkv, "qkv_bias_split: bias", "qkv");
+  TORCH_CHECK(qkv.dim() == 3, "qkv_bias_split: qkv must be 3-D [T, B, 3*E], got shape ", qkv.sizes());
+  const int64_t T = qkv.size(0), B = qkv.size(1), E3 = qkv.size(2);
+  TORCH_CHECK(E3 % 3 == 0, "qkv_bias_split: qkv's last dim must be 3*E, got ", E3, " (not a multiple of 3)");
+  const int64_t hd = head_dim(E3 / 3, num_heads, "qkv_bias_split", "qkv.size(2) / 3");
+  check_shape(bias, {E3}, "qkv_bias_split: bias");
+  QkvBiasSplit op;
+  op.qkv = qkv.contiguous();
+  op.bias = bias.contiguous();
+  op.q = at::empty({B * num_heads, T, hd}, qkv.options());
+  op.k = at::empty_like(op.q);
+  op.v = at::empty_like(op.q);
+  op.params = {.dtype = to_dtype(qkv.scalar_type()), .qkv = op.qkv.data_ptr(), .bias = op.bias.data_ptr(),
+               .q = op.q.data_ptr(), .k = op.k.data_ptr(), .v = op.v.data_ptr(), .T = T, .B = B, .H = num_heads,
+               .head_dim = hd};
+  return op;
+}
+
+struct QkvBiasSplitBwd {
+  at::Tensor dq, dk, dv;
+  at::Tensor dqkv, dbias;
+  QkvBiasSplitBwdParams params;
+};
+
+inline QkvBiasSplitBwd qkv_bias_split_bwd_prepare(const at::Tensor& dq, const at::Tensor& dk, const at::Tensor& dv,
+                                                  int64_t num_heads) {
+  check_float(dq, "qkv_bias_split_bwd: dq");
+  check_same(dk, dq, "qkv_bias_split_bwd: dk", "dq");
+  check_same(dv, dq, "qkv_bias_split_bwd: dv", "dq");
+  const int64_t B = batch_of_heads(dq, num_heads, "qkv_bias_split_bwd", "dq");
+  check_shape(dk, dq.sizes(), "qkv_bias_split_bwd: dk");
+  check_shape(dv, dq.sizes(), "qkv_bias_split_bwd: dv");
+  const int64_t T = dq.size(1), hd = dq.size(2), E = num_heads * hd;
+  QkvBiasSplitBwd op;
+  op.dq = dq.contiguous();
+  op.dk = dk.contiguous();
+  op.dv = dv.contiguous();
+  op.dqkv = at::empty({T, B, 3 * E}, dq.options());
+  op.dbias = at::empty({3 * E}, dq.options());
+  op.params = {.dtype = to_dtype(dq.scalar_type()), .dq = op.dq.data_ptr(), .dk = op.dk.data_ptr(),
+               .dv = op.dv.data_ptr(), .dqkv = op.dqkv.data_ptr(), .dbias = op.dbias.data_ptr(), .T = T, .B = B,
+               .H = num_heads, .head_dim = hd};
+  return op;
+}
+
+struct MergeHeads {
+  at::Tensor x;
+  at::Tensor y;
+  MergeHeadsParams params;
+};
+
+inline MergeHeads merge_heads_prepare(const at::Tensor& x, int64_t num_heads) {
+  check_float(x, "merge_heads: x");
+  const int64_t B = batch_of_heads(x, num_heads, "merge_heads", "x");
+  const int64_t T = x.size(1), hd = x.size(2);
+  MergeHeads op;
+  op.x = x.contiguous();
+  op.y = at::empty({T, B, num_heads * hd}, x.options());
+  op.params = {.dtype = to_dtype(x.scalar_type()), .x = op.x.data_ptr(), .y = op.y.data_ptr(), .T = T, .B = B,
+               .H = num_heads, .head_dim = hd};
+  return op;
+}
+
+}  // namespace fls
