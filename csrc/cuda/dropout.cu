@@ -116,23 +116,26 @@ __global__ void fwd_vec_kernel(const T* __restrict__ x, const T* __restrict__ bi
   const int vc = blockIdx.x * blockDim.x + threadIdx.x;
   if (vc >= vec_cols) return;
   const float scale = d.threshold != 0 ? d.scale : 1.0f;
+  const Pack<T> bv = *reinterpret_cast<const Pack<T>*>(bias + static_cast<int64_t>(vc) * V);
   float b[V];
-  unpack<T>(*reinterpret_cast<const uint4*>(bias + static_cast<int64_t>(vc) * V), b);
+#pragma unroll
+  for (int j = 0; j < V; ++j) b[j] = to_float(bv.v[j]);
   const int64_t row_step = static_cast<int64_t>(gridDim.y) * blockDim.y;
   for (int64_t r = static_cast<int64_t>(blockIdx.y) * blockDim.y + threadIdx.y; r < rows; r += row_step) {
     const int64_t e = r * cols + static_cast<int64_t>(vc) * V;
-    const uint4 xv = *reinterpret_cast<const uint4*>(x + e);
-    uint4 rv;
-    if (RESID) rv = *reinterpret_cast<const uint4*>(residual + e);
+    const Pack<T> xv = *reinterpret_cast<const Pack<T>*>(x + e);
+    Pack<T> rv;
+    if (RESID) rv = *reinterpret_cast<const Pack<T>*>(residual + e);
     const uint32_t bits = keep_bits_aligned<V>(e, d);
-    float h[V];
+    Pack<T> yv;
 #pragma unroll
     for (int j = 0; j < V; ++j) {
       const float f = ((bits >> j) & 1u) ? scale : 0.0f;
-      h[j] = act_fwd<ACT, float>(unpack<T>(xv, j) + b[j]) * f;
-      if (RESID) h[j] = unpack<T>(rv, j) + h[j];
+      float h = act_fwd<ACT, float>(to_float(xv.v[j]) + b[j]) * f;
+      if (RESID) h = to_float(rv.v[j]) + h;
+      yv.v[j] = from_float<T>(h);
     }
-    *reinterpret_cast<uint4*>(y + e) = pack<T>(h);
+    *reinterpret_cast<Pack<T>*>(y + e) = yv;
   }
 }
 
@@ -183,7 +186,11 @@ __global__ void __launch_bounds__(kThreads) bwd_vec_kernel(const T* __restrict__
   float b[V];
 #pragma unroll
   for (int j = 0; j < V; ++j) b[j] = 0.0f;
-  if (ACT != Act::kIdentity && active) unpack<T>(*reinterpret_cast<const uint4*>(bias + static_cast<int64_t>(vc) * V), b);
+  if (ACT != Act::kIdentity && active) {
+    const Pack<T> bv = *reinterpret_cast<const Pack<T>*>(bias + static_cast<int64_t>(vc) * V);
+#pragma unroll
+    for (int j = 0; j < V; ++j) b[j] = to_float(bv.v[j]);
+  }
   const int64_t chunk_rows = static_cast<int64_t>(by) * rows_per_thread;
   for (int64_t chunk = blockIdx.y; chunk < chunks; chunk += gridDim.y) {
     float s[V];
@@ -201,20 +208,20 @@ __global__ void __launch_bounds__(kThreads) bwd_vec_kernel(const T* __restrict__
 #pragma unroll(kGeluLike<ACT> ? 2 : 4)
       for (int i = 0; i < n_i; ++i) {
         const int64_t e = (r0 + static_cast<int64_t>(i) * by) * cols + static_cast<int64_t>(vc) * V;
-        const uint4 gv = *reinterpret_cast<const uint4*>(dy + e);
-        uint4 xv;
-        if (ACT != Act::kIdentity) xv = *reinterpret_cast<const uint4*>(x + e);
+        const Pack<T> gv = *reinterpret_cast<const Pack<T>*>(dy + e);
+        Pack<T> xv;
+        if (ACT != Act::kIdentity) xv = *reinterpret_cast<const Pack<T>*>(x + e);
         const uint32_t bits = keep_bits_aligned<V>(e, d);
-        float o[V];
+        Pack<T> ov;
 #pragma unroll
         for (int j = 0; j < V; ++j) {
           // Same arithmetic as bwd_partial_kernel: dy * factor * act'(x + b).
-          float g = unpack<T>(gv, j) * (((bits >> j) & 1u) ? scale : 0.0f);
-          if (ACT != Act::kIdentity) g *= act_grad<ACT, float>(unpack<T>(xv, j) + b[j]);
-          o[j] = g;
+          float g = to_float(gv.v[j]) * (((bits >> j) & 1u) ? scale : 0.0f);
+          if (ACT != Act::kIdentity) g *= act_grad<ACT, float>(to_float(xv.v[j]) + b[j]);
+          ov.v[j] = from_float<T>(g);
           s[j] += g;
         }
-        *reinterpret_cast<uint4*>(dx + e) = pack<T>(o);
+        *reinterpret_cast<Pack<T>*>(dx + e) = ov;
       }
     }
     // float4 stores (V is 4 or 8, so the thread's slot is 16-byte aligned): fewer bank conflicts.

@@ -8,12 +8,15 @@
 namespace fls {
 namespace cuda {
 
-// 16 bytes of T (kN elements) travel as one uint4: the unit of the fast paths' vector loads and stores.
-// Elements are unpacked from / packed into its 32-bit words with register moves only (j is a
-// compile-time constant after unrolling), so the pack never goes through local memory.
+// 16 bytes of T (kN elements): the unit of the fast paths' vector loads and stores. Kernels load it
+// either as a Pack<T> and read its elements v[j], or as one uint4 whose elements are unpacked from / packed
+// into its 32-bit words with register moves only (j is a compile-time constant after unrolling), so the
+// pack never goes through local memory. Both views are kept: each is what gave the fewest registers
+// without spills in the kernels that use it (checked with -Xptxas -v).
 template <typename T>
-struct Pack {
+struct alignas(16) Pack {
   static constexpr int kN = 16 / sizeof(T);
+  T v[kN];
 };
 
 __device__ __forceinline__ uint32_t word(const uint4& u, int i) {
