@@ -30,6 +30,23 @@ constexpr int64_t kMinRowsPerChunk = 2 * kWarps;
 // Fast path. Lane `lane` of the warp owns the packs v = lane + 32 * k (k < NV) of the row, i.e. the
 // elements [v * kN, v * kN + kN); packs with v >= cols / kN are absent (NV is cols rounded up).
 
+// Stores the packs of a row that exist (v = lane + 32 * k < nvec): pack v holds the N values f(k, j),
+// rounded once to T.
+template <typename T, int NV, typename F>
+__device__ __forceinline__ void store_row_packs(uint4* row, int lane, int nvec, F f) {
+  constexpr int N = Pack<T>::kN;
+#pragma unroll
+  for (int k = 0; k < NV; ++k) {
+    const int v = lane + 32 * k;
+    if (v < nvec) {
+      float o[N];
+#pragma unroll
+      for (int j = 0; j < N; ++j) o[j] = f(k, j);
+      row[v] = pack<T>(o);
+    }
+  }
+}
+
 template <typename T, int NV>
 __global__ void __launch_bounds__(kWarps * 32) ln_fwd_warp_kernel(const T* __restrict__ x, const T* __restrict__ w,
                                                                    const T* __restrict__ b, T* __restrict__ y,
@@ -76,17 +93,9 @@ __global__ void __launch_bounds__(kWarps * 32) ln_fwd_warp_kernel(const T* __res
       }
     }
     const float rs = rsqrtf(warp_sum(sq) * inv_n + eps);
-    uint4* yr = reinterpret_cast<uint4*>(y + row * cols);
-#pragma unroll
-    for (int k = 0; k < NV; ++k) {
-      const int v = lane + 32 * k;
-      if (v < nvec) {
-        float o[N];
-#pragma unroll
-        for (int j = 0; j < N; ++j) o[j] = (xf[k][j] - mu) * rs * unpack<T>(wv[k], j) + unpack<T>(bv[k], j);
-        yr[v] = pack<T>(o);
-      }
-    }
+    store_row_packs<T, NV>(reinterpret_cast<uint4*>(y + row * cols), lane, nvec, [&](int k, int j) {
+      return (xf[k][j] - mu) * rs * unpack<T>(wv[k], j) + unpack<T>(bv[k], j);
+    });
     if (lane == 0) {
       mean[row] = mu;
       rstd[row] = rs;
@@ -147,21 +156,11 @@ __global__ void __launch_bounds__(kWarps * 32, 1) ln_bwd_warp_kernel(const T* __
     }
     sg = warp_sum(sg) * inv_n;
     sgx = warp_sum(sgx) * inv_n;
-    uint4* dxr = reinterpret_cast<uint4*>(dx + row * cols);
-#pragma unroll
-    for (int k = 0; k < NV; ++k) {
-      const int v = lane + 32 * k;
-      if (v < nvec) {
-        float o[N];
-#pragma unroll
-        for (int j = 0; j < N; ++j) {
-          const float g = unpack<T>(gv[k], j) * unpack<T>(wv[k], j);
-          const float xh = (unpack<T>(xv[k], j) - mu) * rs;
-          o[j] = rs * (g - sg - xh * sgx);
-        }
-        dxr[v] = pack<T>(o);
-      }
-    }
+    store_row_packs<T, NV>(reinterpret_cast<uint4*>(dx + row * cols), lane, nvec, [&](int k, int j) {
+      const float g = unpack<T>(gv[k], j) * unpack<T>(wv[k], j);
+      const float xh = (unpack<T>(xv[k], j) - mu) * rs;
+      return rs * (g - sg - xh * sgx);
+    });
   }
   // Two rounds through the shared buffer: dweight partials, then dbias partials.
 #pragma unroll
