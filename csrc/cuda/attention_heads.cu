@@ -160,7 +160,7 @@ __global__ void merge_heads_vec_kernel(Parts<uint4> in, uint4* __restrict__ y, u
   }
 }
 
-// split_heads_bwd, vector path: block (column tile, chunk); each thread copies its column vector over
+// qkv_bias_split_bwd, vector path: block (column tile, chunk); each thread copies its column vector over
 // the chunk's rows in order and keeps the V partial column sums in registers (same order as
 // split_bwd_kernel, so both paths give the same bits).
 template <typename T>

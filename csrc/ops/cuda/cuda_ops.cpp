@@ -18,10 +18,6 @@
 #include "../op_list.h"
 
 namespace fls {
-
-// cudaGetErrorString, from csrc/cuda/errors.cu (this file includes no CUDA runtime header of its own).
-const char* cuda_error_string(int err);
-
 namespace {
 
 void* stream_of(const at::Tensor& t) {
@@ -29,11 +25,11 @@ void* stream_of(const at::Tensor& t) {
 }
 
 // Launchers return an int cudaError_t (0 = success) so that their headers stay free of CUDA.
-#define FLS_CHECK_LAUNCH(expr)                                                          \
-  do {                                                                                  \
-    int fls_err_ = (expr);                                                              \
-    TORCH_CHECK(fls_err_ == 0, "fairseq_lightseq CUDA kernel failed: ", #expr,          \
-                " returned cudaError ", fls_err_, " (", ::fls::cuda_error_string(fls_err_), ")"); \
+#define FLS_CHECK_LAUNCH(expr)                                                                      \
+  do {                                                                                              \
+    const int fls_err_ = (expr);                                                                    \
+    TORCH_CHECK(fls_err_ == 0, "fairseq_lightseq CUDA kernel failed: ", #expr, " returned cudaError ", \
+                fls_err_, " (", cudaGetErrorString(static_cast<cudaError_t>(fls_err_)), ")");     \
   } while (0)
 
 // Scratch floats for the deterministic column sums of a backward.
