@@ -1,7 +1,10 @@
 // Label-smoothed cross entropy forward/backward: one block per row, any V (strided loops). The
 // forward is a single pass over the row with per-thread online max / exp-sum / (max - z) sums,
 // merged across the block; the backward recomputes p_v = exp(z_v - lse) from the saved lse.
+#include <cstdio>
+
 #include "../kernels/cross_entropy.h"
+#include "device_assert.cuh"
 #include "dtype.cuh"
 #include "fls/label_smoothing.h"
 #include "launch.cuh"
@@ -12,6 +15,20 @@ namespace cuda {
 namespace {
 
 constexpr int kThreads = 256;
+
+// A target outside [0, V) that is not ignore_index: printed once per row (thread 0), then a device assert.
+// Checked here rather than on the host, where it would cost a device sync per call. Not inlined and
+// noreturn: the kernel keeps no registers live across this cold call.
+[[noreturn]] __device__ __noinline__ void report_bad_target(int64_t row, int64_t t, int64_t V, int64_t ignore_index) {
+  if (threadIdx.x == 0) {
+    printf("label_smoothed_cross_entropy: target[%lld] = %lld is out of range for V = %lld classes "
+           "(must be in [0, %lld) or equal ignore_index = %lld)\n",
+           static_cast<long long>(row), static_cast<long long>(t), static_cast<long long>(V),
+           static_cast<long long>(V), static_cast<long long>(ignore_index));
+  }
+  __assert_fail("label_smoothed_cross_entropy: target out of range (see the line above)", __FILE__, __LINE__,
+                "report_bad_target");
+}
 
 template <typename T>
 __global__ void __launch_bounds__(kThreads) ls_xent_fwd_kernel(const T* __restrict__ logits,
@@ -26,6 +43,7 @@ __global__ void __launch_bounds__(kThreads) ls_xent_fwd_kernel(const T* __restri
     if (threadIdx.x == 0) loss[row] = nll[row] = lse[row] = 0.f;
     return;
   }
+  if (t < 0 || t >= V) report_bad_target(row, t, V, ignore_index);  // uniform over the block
   const T* z = logits + row * V;
   // Per-thread running max m, s = sum exp(z - m), d = sum (m - z), over cnt elements.
   float m = -INFINITY, s = 0.f, d = 0.f, cnt = 0.f;

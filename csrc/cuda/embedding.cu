@@ -6,22 +6,11 @@
 #include <cstdio>
 
 #include "../kernels/embedding.h"
+#include "device_assert.cuh"
 #include "dtype.cuh"
 #include "fls/philox.h"
 #include "launch.cuh"
 #include "vec.cuh"
-
-// The device assert that check_id ends with (as PyTorch's CUDA_KERNEL_ASSERT_PRINTF does): glibc's
-// __assert_fail, which CUDA also provides on the device. <assert.h> declares it only without NDEBUG, so it
-// is declared here the way glibc does (the same declaration as torch/headeronly/macros/Macros.h).
-extern "C" {
-#if defined(__CUDA_ARCH__)
-__host__ __device__
-#endif
-    void
-    __assert_fail(const char* assertion, const char* file, unsigned int line, const char* function) noexcept
-    __attribute__((__noreturn__));
-}
 
 namespace fls {
 namespace cuda {
