@@ -74,6 +74,16 @@ def test_train_native(prepared):
     assert [int(r["num_updates"]) for r in train_inner(log)] == [1, 2]
 
 
+def test_train_bf16(prepared):
+    """PRECISION=bf16: the recipe passes --bf16 and fairseq-train trains in bfloat16 on the CPU."""
+    d, _ = prepared
+    _, log = train(d, "ckpt-bf16", "--max-update", "3", env={"PRECISION": "bf16"})
+    assert "--bf16" in log and "training in bfloat16 on CPU" in log, log[-3000:]
+    records = train_inner(log)
+    assert [int(r["num_updates"]) for r in records] == [1, 2, 3]
+    assert all(float(r["loss"]) == float(r["loss"]) for r in records)
+
+
 def test_train_rejects_unknown_variant(prepared):
     d, _ = prepared
     rc, out = train(d, "ckpt-x", variant="lightseq", check=False)
