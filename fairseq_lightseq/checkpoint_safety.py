@@ -11,10 +11,9 @@ on checkpoints written by fairseq-train, legacy `args` and hydra `cfg`):
   `typing.Any`, `builtins.dict/list/int/float/str/bool` (container key/element types recorded in the
   metadata): `cfg` of checkpoints written before fairseq converted it to plain containers;
 * `collections.defaultdict` (meters and iterator state in `extra_state`);
-* numpy numeric scalars and arrays (`numpy_globals`): fairseq keeps the best validation score as
-  numpy's float64 when the metric is computed with numpy (`--eval-bleu` with
-  `--best-checkpoint-metric bleu`), in `extra_state["best"]` and the `checkpoint_utils.save_checkpoint.best`
-  it restores from.
+* numpy numeric arrays and scalars (`numpy_globals`): with `--eval-bleu`, fairseq's translation task
+  logs BLEU's n-gram counts and totals as numpy int64 arrays into the validation meters, which every
+  checkpoint keeps in `extra_state["metrics"]` (scalars: a metric or best score computed with numpy).
 
 None of them runs code when unpickled (they are rebuilt by `__setstate__` from plain data), so the
 loader stays safe: anything else (a custom class, `os.system` in a reduce, a numpy array of Python

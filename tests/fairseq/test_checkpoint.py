@@ -91,9 +91,9 @@ def test_foreign_objects_are_refused(tmp_path, kind):
 
 
 def _save_with_numpy(tmp_path, value, numpy1_names=False):
-    """A fairseq-like checkpoint holding `value` where fairseq keeps the best score (extra_state["best"],
-    as --eval-bleu --best-checkpoint-metric bleu writes it); numpy1_names: the pickle refers to numpy 1's
-    module `numpy.core.multiarray` (checkpoints written with numpy < 2)."""
+    """A fairseq-like checkpoint holding `value` in extra_state (where --eval-bleu's validation meters
+    keep numpy arrays); numpy1_names: the pickle refers to numpy 1's module `numpy.core.multiarray`
+    (checkpoints written with numpy < 2)."""
     import io
     import zipfile
 

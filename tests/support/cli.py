@@ -20,8 +20,10 @@ NATIVE_STACK = ["--arch", "transformer", "--optimizer", "adam", "--criterion", "
 
 
 def env(**extra):
-    """One thread per process (2 shared cores), no warnings noise; `extra` added."""
-    return dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore", **extra)
+    """One thread per process (2 shared cores), no warnings noise, none of torch's variables that
+    switch the safe loader off or on; `extra` added."""
+    e = {k: v for k, v in os.environ.items() if not k.startswith("TORCH_FORCE_")}
+    return dict(e, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore", **extra)
 
 
 def run(cmd, cwd, timeout=300, check=True, **extra_env):
