@@ -7,7 +7,8 @@ fairseq checkpoints contain for torch's weights_only loading (checkpoint_safety)
 from . import ops  # noqa: F401
 from . import checkpoint_safety  # noqa: F401
 from . import checkpoint_io  # noqa: F401  (clear errors for unreadable checkpoints, atomic copies)
-from . import bf16_cli  # noqa: F401  (--bf16 trains in bfloat16 on CUDA/CPU instead of implying --tpu)
+from . import cli_config  # noqa: F401  (--bf16 without --tpu trains in bf16 on CUDA/CPU; torchrun on CPU)
+from . import cpu_ddp  # noqa: F401  (--ddp-backend pytorch_ddp on CPU)
 from . import criterions  # noqa: F401
 from . import models  # noqa: F401
 from . import optim  # noqa: F401
