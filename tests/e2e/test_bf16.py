@@ -24,11 +24,11 @@ def data_bin(tmp_path_factory):
     return make_data_bin(str(tmp_path_factory.mktemp("bf16_data")))
 
 
-def probe_train(data_bin, save_dir, stack, *extra):
+def probe_train(data_bin, save_dir, stack, *extra, cpu=True):
     """fairseq-train (probed) for UPDATES updates; returns (log, per-update probe records)."""
     probe = os.path.join(str(save_dir), "probe.json")
     _, log = run([sys.executable, "-m", "support.probe_train", probe,
-                  *train_args(data_bin, save_dir, UPDATES, stack=stack), *extra], cwd=str(save_dir),
+                  *train_args(data_bin, save_dir, UPDATES, stack=stack, cpu=cpu), *extra], cwd=str(save_dir),
                  PYTHONPATH=os.path.join(ROOT, "tests"))
     with open(probe) as f:
         return log, json.load(f)
@@ -48,6 +48,15 @@ def test_bf16_trains_in_bfloat16_on_cpu(data_bin, tmp_path, ls_bf16, stack):
     xs = losses(log)
     assert len(xs) == UPDATES and all(x == x for x in xs), xs
     assert falls(xs), xs
+
+
+@pytest.mark.cuda
+def test_bf16_trains_in_bfloat16_on_cuda(data_bin, tmp_path):
+    log, probe = probe_train(data_bin, tmp_path, LS_STACK, *BF16, cpu=False)
+    assert "training in bfloat16 on CUDA" in log, log[-3000:]
+    assert all(r == {"params": ["torch.bfloat16"], "device": "cuda"} for r in probe), probe
+    xs = losses(log)
+    assert len(xs) == UPDATES and falls(xs), xs
 
 
 def test_ls_adam_under_bf16_clips_like_fairseq_adam(data_bin, tmp_path, ls_bf16):

@@ -26,14 +26,17 @@ def data_bin(tmp_path_factory):
     return make_data_bin(str(tmp_path_factory.mktemp("ddp_data")))
 
 
-@pytest.fixture(scope="module")
-def one_process(data_bin, tmp_path_factory):
+def update_freq_2(data_bin, d, cpu=True):
     """1 process, --update-freq 2: the losses the 2-rank runs must reproduce."""
-    d = tmp_path_factory.mktemp("single")
-    _, log = run(["fairseq-train", *train_args(data_bin, d, UPDATES), "--update-freq", "2"], cwd=str(d))
+    _, log = run(["fairseq-train", *train_args(data_bin, d, UPDATES, cpu=cpu), "--update-freq", "2"], cwd=str(d))
     xs = losses(log)
     assert len(xs) == UPDATES and falls(xs), xs
     return xs
+
+
+@pytest.fixture(scope="module")
+def one_process(data_bin, tmp_path_factory):
+    return update_freq_2(data_bin, tmp_path_factory.mktemp("single"))
 
 
 def free_port():
@@ -65,15 +68,28 @@ def check_matches(log, one_process):
     torch.testing.assert_close(torch.tensor(xs), torch.tensor(one_process), rtol=0, atol=2e-3)
 
 
-@pytest.mark.parametrize("ddp_backend", ["legacy_ddp", "no_c10d", "pytorch_ddp"])
-def test_two_ranks_match_update_freq_2(data_bin, tmp_path, one_process, ddp_backend):
-    common = [os.path.join(BIN, "fairseq-train"), *train_args(data_bin, tmp_path, UPDATES),
+def ranks_by_hand(data_bin, d, ddp_backend, cpu=True):
+    """2 ranks started as SLURM or a hand launch would, over gloo; returns rank 0's log."""
+    common = [os.path.join(BIN, "fairseq-train"), *train_args(data_bin, d, UPDATES, cpu=cpu),
               "--distributed-world-size", "2", "--distributed-backend", "gloo",
               "--distributed-init-method", f"tcp://127.0.0.1:{free_port()}", "--distributed-no-spawn",
               "--ddp-backend", ddp_backend]
-    logs = two_ranks([[*common, "--distributed-rank", str(r)] for r in (0, 1)], str(tmp_path))
+    logs = two_ranks([[*common, "--distributed-rank", str(r)] for r in (0, 1)], str(d))
     assert "distributed init (rank 1)" in logs[1] and f"'ddp_backend': '{ddp_backend}'" in logs[0]
-    check_matches(logs[0], one_process)
+    return logs[0]
+
+
+@pytest.mark.parametrize("ddp_backend", ["legacy_ddp", "no_c10d", "pytorch_ddp"])
+def test_two_ranks_match_update_freq_2(data_bin, tmp_path, one_process, ddp_backend):
+    check_matches(ranks_by_hand(data_bin, tmp_path, ddp_backend), one_process)
+
+
+@pytest.mark.cuda
+def test_pytorch_ddp_on_cuda_two_ranks_one_gpu(data_bin, tmp_path):
+    """fairseq's GPU path of pytorch_ddp (device_ids=[0] kept): two ranks share the GPU over gloo."""
+    (tmp_path / "single").mkdir()
+    reference = update_freq_2(data_bin, tmp_path / "single", cpu=False)
+    check_matches(ranks_by_hand(data_bin, tmp_path, "pytorch_ddp", cpu=False), reference)
 
 
 def test_torchrun_two_cpu_processes(data_bin, tmp_path, one_process):

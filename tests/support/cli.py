@@ -54,12 +54,13 @@ def make_data_bin(d, n_train=200, n_valid=16, n_test=12):
     return os.path.join(d, "bin")
 
 
-def train_args(data_bin, save_dir, updates, stack=LS_STACK, dropout=0.0, max_tokens=400):
-    """fairseq-train arguments: tiny model, lr 0.005, label smoothing 0.1, json log every update, CPU."""
+def train_args(data_bin, save_dir, updates, stack=LS_STACK, dropout=0.0, max_tokens=400, cpu=True):
+    """fairseq-train arguments: tiny model, lr 0.005, label smoothing 0.1, json log every update, CPU
+    (or the visible GPU with cpu=False)."""
     return [data_bin, "--user-dir", USER_DIR, *stack, *TINY_MODEL, "--dropout", str(dropout), "--lr", "0.005",
             "--label-smoothing", "0.1", "--max-tokens", str(max_tokens), "--max-update", str(updates),
             "--seed", "1", "--num-workers", "0", "--save-dir", str(save_dir), "--log-format", "json",
-            "--log-interval", "1", "--cpu"]
+            "--log-interval", "1"] + (["--cpu"] if cpu else [])
 
 
 def train_inner(log):
