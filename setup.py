@@ -1,18 +1,24 @@
-"""Builds fairseq_lightseq and its one compiled library, fairseq_lightseq._C.
+"""The compiled library fairseq_lightseq._C (the package metadata is in pyproject.toml).
 
-CPU kernels are always built (C++17, -O3, OpenMP). CUDA kernels are added when torch has CUDA and
+CPU kernels are always built (C++20, -O3, OpenMP). CUDA kernels are added when torch has CUDA and
 nvcc is found (CUDA_HOME), for TORCH_CUDA_ARCH_LIST (default "8.0;9.0"). FLS_CUDA=1 forces CUDA on
 (an error if it cannot be built), FLS_CUDA=0 forces it off.
 
-Install with `pip install --no-build-isolation .` after torch: an isolated build would pull
-another torch.
+Install with `pip install --no-build-isolation .` after torch and fairseq: the extension is compiled
+against the installed torch, which an isolated build would not see.
 """
 import glob
 import os
 
-import torch
-from setuptools import find_packages, setup
-from torch.utils import cpp_extension
+from setuptools import setup
+
+try:
+    import torch
+    from torch.utils import cpp_extension
+except ImportError as e:  # an isolated build (pip without --no-build-isolation) has no torch
+    raise SystemExit(
+        "fairseq_lightseq: building needs the torch it will run with: install torch first, then "
+        f"`pip install --no-build-isolation .` ({e})") from None
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -73,12 +79,6 @@ def extension():
 
 
 setup(
-    name="fairseq_lightseq",
-    version="0.1.0",
-    description="Fused CPU/CUDA ops, model, criterion and optimizer for fairseq Transformer training",
-    packages=find_packages(include=["fairseq_lightseq", "fairseq_lightseq.*"]),
-    python_requires=">=3.9",
-    install_requires=["torch>=2.1", "fairseq"],
     ext_modules=[extension()],
     cmdclass={"build_ext": cpp_extension.BuildExtension.with_options(use_ninja=True)},
 )

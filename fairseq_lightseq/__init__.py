@@ -4,9 +4,12 @@ Importing the package registers with fairseq the model `ls_transformer` (and its
 the criterion `ls_label_smoothed_cross_entropy` and the optimizer `ls_adam`, and allows the classes
 fairseq checkpoints contain for torch's weights_only loading (checkpoint_safety).
 """
+from . import requirements  # noqa: F401  (first: a clear error if fairseq 0.12 is missing)
 from . import ops  # noqa: F401
 from . import checkpoint_safety  # noqa: F401
 from . import checkpoint_io  # noqa: F401  (clear errors for unreadable checkpoints, atomic copies)
+from . import cli_config  # noqa: F401  (--bf16 without --tpu trains in bf16 on CUDA/CPU; torchrun on CPU)
+from . import cpu_ddp  # noqa: F401  (--ddp-backend pytorch_ddp on CPU)
 from . import criterions  # noqa: F401
 from . import models  # noqa: F401
 from . import optim  # noqa: F401

@@ -54,8 +54,11 @@ _NOT_CORRUPTION = (PermissionError, FileNotFoundError, IsADirectoryError)
 
 def _is_safe_loader_refusal(err: BaseException) -> bool:
     # "Unsupported global: GLOBAL x.Y was not an allowed global" / "unsupported GLOBAL posix.system whose
-    # module posix is blocked": torch's safe loader naming a refused object (see checkpoint_safety)
-    return isinstance(err, pickle.UnpicklingError) and "unsupported global" in str(err).lower()
+    # module posix is blocked" / "Can only build Tensor, ... or types allowlisted via `add_safe_globals`,
+    # but got <class 'numpy.dtypes.ObjectDType'>": torch's safe loader naming a refused object (see
+    # checkpoint_safety)
+    msg = str(err).lower()
+    return isinstance(err, pickle.UnpicklingError) and ("unsupported global" in msg or "add_safe_globals" in msg)
 
 
 def _wrap_load(load):

@@ -10,11 +10,14 @@ on checkpoints written by fairseq-train, legacy `args` and hydra `cfg`):
 * omegaconf's `DictConfig`/`ListConfig`, their `Metadata`/`ContainerMetadata` and value nodes, with
   `typing.Any`, `builtins.dict/list/int/float/str/bool` (container key/element types recorded in the
   metadata): `cfg` of checkpoints written before fairseq converted it to plain containers;
-* `collections.defaultdict` (meters and iterator state in `extra_state`).
+* `collections.defaultdict` (meters and iterator state in `extra_state`);
+* numpy numeric arrays and scalars (`numpy_globals`): with `--eval-bleu`, fairseq's translation task
+  logs BLEU's n-gram counts and totals as numpy int64 arrays into the validation meters, which every
+  checkpoint keeps in `extra_state["metrics"]` (scalars: a metric or best score computed with numpy).
 
 None of them runs code when unpickled (they are rebuilt by `__setstate__` from plain data), so the
-loader stays safe: anything else (a custom class, `os.system` in a reduce) is still refused with
-torch's UnpicklingError naming the global.
+loader stays safe: anything else (a custom class, `os.system` in a reduce, a numpy array of Python
+objects) is still refused with torch's UnpicklingError naming the global or the type.
 """
 import argparse
 import collections
@@ -34,6 +37,30 @@ try:
                      _oc_nodes.BooleanNode, _oc_nodes.BytesNode, _oc_nodes.PathNode]
 except ImportError:  # omegaconf comes with fairseq; without it there is no cfg to read
     pass
+
+
+def numpy_globals():
+    """What a pickled numpy scalar or array of a numeric dtype (bool, integers, floats, complex)
+    refers to: the functions `_reconstruct` (array) and `scalar` (under numpy 2's module name and
+    numpy 1's, so that checkpoints written with either load), `ndarray` and `dtype`, and the class of
+    each numeric dtype, which torch's loader must know to restore a dtype's state. The object, void
+    (structured), string and datetime dtypes are not listed: an array or scalar of them is refused,
+    since an object array would rebuild arbitrary pickled objects."""
+    try:
+        import numpy as np
+    except ImportError:  # without numpy, no checkpoint holds numpy values
+        return []
+    multiarray = np._core.multiarray if hasattr(np, "_core") else np.core.multiarray
+    found = [np.ndarray, np.dtype]
+    for name in ("_reconstruct", "scalar"):
+        fn = getattr(multiarray, name)
+        found += [(fn, f"{module}.{name}") for module in ("numpy._core.multiarray", "numpy.core.multiarray")]
+    numeric = "?" + np.typecodes["AllInteger"] + np.typecodes["AllFloat"]
+    found += sorted({type(np.dtype(code)) for code in numeric}, key=lambda t: t.__name__)
+    return found
+
+
+SAFE_GLOBALS += numpy_globals()
 
 
 def register() -> None:

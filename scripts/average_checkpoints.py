@@ -17,6 +17,7 @@ import re
 import sys
 
 import torch
+from omegaconf import OmegaConf
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import fairseq_lightseq  # noqa: E402,F401  (safe-loader allowlist, checkpoint_io)
@@ -51,6 +52,10 @@ def average(paths):
     ref = newest["model"]
     newest["model"] = collections.OrderedDict(
         (k, (s / len(paths)).to(ref[k].dtype) if ref[k].is_floating_point() else ref[k]) for k, s in sums.items())
+    if OmegaConf.is_config(newest.get("cfg")):
+        # fairseq's loader turned `cfg` into a DictConfig; store plain containers, as fairseq-train does
+        # (Trainer.state_dict), so the average holds nothing a training checkpoint does not
+        newest["cfg"] = OmegaConf.to_container(newest["cfg"], resolve=True, enum_to_str=True)
     return newest
 
 

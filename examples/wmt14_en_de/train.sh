@@ -7,14 +7,19 @@
 # native: transformer_vaswani_wmt_en_de_big + label_smoothed_cross_entropy + adam (fairseq's own)
 # Extra arguments come last and so override the recipe's (argparse keeps the last value), e.g.
 # "--update-freq 16 --lr 1e-3" for 128-GPU-equivalent batches on 8 GPUs, or a tiny model with --cpu.
-# fairseq trains on all visible GPUs (restrict with CUDA_VISIBLE_DEVICES).
+# fairseq trains on all visible GPUs (restrict with CUDA_VISIBLE_DEVICES): one process per GPU.
 #
 # Environment: PRECISION fp16 (default; fp32 when --cpu is among the extra arguments) | bf16 | fp32,
 #   SEED (1), PYTHON (python). Rerunning the same command resumes from SAVE_DIR/checkpoint_last.pt.
+#   TORCHRUN: torchrun's options; when set, torchrun starts the processes (one per GPU), e.g. on each
+#   of 2 machines: TORCHRUN="--nnodes 2 --node_rank R --nproc_per_node 8 --master_addr HOST0 --master_port 29500"
+#   (R = 0 on HOST0, 1 on the other). Without torchrun, fairseq's own flags do the same:
+#   "--distributed-world-size 16 --distributed-init-method tcp://HOST0:29500 --distributed-rank 0"
+#   on HOST0 and "... --distributed-rank 8" on the other (each machine spawns its 8 ranks from there).
 set -euo pipefail
 
 if [ $# -lt 2 ]; then
-    sed -n '2,13p' "$0" >&2
+    sed -n '2,19p' "$0" >&2
     exit 2
 fi
 DATA_BIN=$1
@@ -42,10 +47,18 @@ case "$PRECISION" in
     *) echo "train.sh: PRECISION must be fp16, bf16 or fp32, not '$PRECISION'" >&2; exit 2 ;;
 esac
 
-# --max-update 300000 at ~29k target tokens per update (8 GPUs x 3584) is Vaswani et al.'s
-# Transformer-big schedule; checkpoints every 1000 updates, the last 10 kept for averaging.
+# torchrun (TORCHRUN set) or fairseq itself starts the processes
+if [ -n "${TORCHRUN:-}" ]; then
+    read -r -a TORCHRUN_ARGS <<< "$TORCHRUN"
+    LAUNCH=("$PYTHON" -m torch.distributed.run "${TORCHRUN_ARGS[@]}" -m fairseq_cli.train)
+else
+    LAUNCH=("$PYTHON" -m fairseq_cli.train)
+fi
+
+# --max-update 300000 at ~29k tokens per update (8 GPUs x --max-tokens 3584 x --update-freq 1) is
+# Vaswani et al.'s Transformer-big schedule; checkpoints every 1000 updates, the last 10 kept for averaging.
 set -x
-exec "$PYTHON" -m fairseq_cli.train "$DATA_BIN" --user-dir "$USER_DIR" \
+exec "${LAUNCH[@]}" "$DATA_BIN" --user-dir "$USER_DIR" \
     --arch "$ARCH" --share-all-embeddings \
     --optimizer "$OPTIMIZER" --adam-betas '(0.9, 0.98)' --clip-norm 0.0 --weight-decay 0.0 \
     --lr 5e-4 --lr-scheduler inverse_sqrt --warmup-updates 4000 --warmup-init-lr 1e-07 \

@@ -32,7 +32,7 @@ class LSAdamConfig(FairseqDataclass):
     amsgrad: bool = field(default=False, metadata={"help": "not supported by ls_adam (an error if set)"})
     use_old_adam: bool = field(default=False, metadata={"help": "ignored (accepted for fairseq adam compatibility)"})
     fp16_adam_stats: bool = field(default=False, metadata={"help": "not supported by ls_adam (an error if set)"})
-    tpu: bool = II("common.tpu")  # accepted; see LSAdam.__init__
+    bf16: bool = II("common.bf16")  # see LSAdam.__init__
     lr: List[float] = II("optimization.lr")
 
 
@@ -120,13 +120,12 @@ class LSAdam(FairseqOptimizer):
         _reject_amsgrad(getattr(cfg, "amsgrad", False))
         if getattr(cfg, "fp16_adam_stats", False):
             raise ValueError("ls_adam keeps Adam statistics in fp32; --fp16-adam-stats is not supported")
-        # cfg.tpu is ignored: fairseq sets it for every --bf16 run. Tensors on a device without a
-        # compiled kernel (e.g. XLA) are updated by the reference op (with a one-time warning).
-        # fairseq's FP16Optimizer without a loss scaler (--bf16) never resets its multiply factor
-        # after a step-with-scale, so the clip factor would compound over steps: under --bf16
-        # (which fairseq marks with cfg.tpu) let it unscale the grads itself.
+        # Tensors on a device without a compiled kernel (e.g. XLA) are updated by the reference op
+        # (with a one-time warning). fairseq's FP16Optimizer without a loss scaler (--bf16) never
+        # resets its multiply factor after a step-with-scale, so the clip factor would compound over
+        # steps: under --bf16 let it unscale the grads itself.
         self._optimizer = FusedAdam(params, **self.optimizer_config,
-                                    step_with_scale=not getattr(cfg, "tpu", False))
+                                    step_with_scale=not getattr(cfg, "bf16", False))
 
     @property
     def optimizer_config(self):

@@ -74,6 +74,32 @@ def test_train_native(prepared):
     assert [int(r["num_updates"]) for r in train_inner(log)] == [1, 2]
 
 
+def test_train_bf16(prepared):
+    """PRECISION=bf16: the recipe passes --bf16 and fairseq-train trains in bfloat16 on the CPU."""
+    d, _ = prepared
+    _, log = train(d, "ckpt-bf16", "--max-update", "3", env={"PRECISION": "bf16"})
+    assert "--bf16" in log and "training in bfloat16 on CPU" in log, log[-3000:]
+    records = train_inner(log)
+    assert [int(r["num_updates"]) for r in records] == [1, 2, 3]
+    assert all(float(r["loss"]) == float(r["loss"]) for r in records)
+
+
+def test_train_torchrun_two_processes(prepared):
+    """TORCHRUN set: torchrun starts the ranks (here 2 CPU processes over gloo, as on each machine of
+    a multi-node run); fairseq reads their rank and world size from torchrun."""
+    import socket
+
+    d, _ = prepared
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    _, log = train(d, "ckpt-torchrun", "--max-update", "3", "--distributed-backend", "gloo",
+                   env={"TORCHRUN": f"--nproc_per_node 2 --master_addr 127.0.0.1 --master_port {port}"})
+    assert "torch.distributed.run --nproc_per_node 2" in log
+    assert "distributed init (rank 0): env://" in log and "distributed init (rank 1): env://" in log, log[-3000:]
+    assert [int(r["num_updates"]) for r in train_inner(log)] == [1, 2, 3]
+
+
 def test_train_rejects_unknown_variant(prepared):
     d, _ = prepared
     rc, out = train(d, "ckpt-x", variant="lightseq", check=False)

@@ -90,6 +90,70 @@ def test_foreign_objects_are_refused(tmp_path, kind):
     assert not marker.exists()
 
 
+def _save_with_numpy(tmp_path, value, numpy1_names=False):
+    """A fairseq-like checkpoint holding `value` in extra_state (where --eval-bleu's validation meters
+    keep numpy arrays); numpy1_names: the pickle refers to numpy 1's module `numpy.core.multiarray`
+    (checkpoints written with numpy < 2)."""
+    import io
+    import zipfile
+
+    state = fairseq_like_state(build(LSTransformerModel, make_task()), "ls_transformer_tiny")
+    state["extra_state"]["best"] = value
+    path = str(tmp_path / "np.pt")
+    torch.save(state, path)
+    if numpy1_names:
+        src = zipfile.ZipFile(path)
+        out = io.BytesIO()
+        with zipfile.ZipFile(out, "w", zipfile.ZIP_STORED) as dst:
+            for item in src.infolist():
+                data = src.read(item.filename)
+                if item.filename.endswith("data.pkl"):
+                    assert b"numpy._core.multiarray" in data
+                    data = data.replace(b"numpy._core.multiarray", b"numpy.core.multiarray")
+                dst.writestr(item, data)
+        src.close()
+        with open(path, "wb") as f:
+            f.write(out.getvalue())
+    return path
+
+
+NUMERIC = {"float64_scalar": lambda np: np.float64(31.41), "int64_scalar": lambda np: np.int64(-7),
+           "bool_scalar": lambda np: np.bool_(True), "float32_array": lambda np: np.random.rand(2, 3).astype(np.float32),
+           "int8_array": lambda np: np.arange(-3, 3, dtype=np.int8), "float16_0d": lambda np: np.array(0.5, np.float16)}
+
+
+@pytest.mark.parametrize("numpy1_names", [False, True], ids=["numpy2_names", "numpy1_names"])
+@pytest.mark.parametrize("kind", sorted(NUMERIC))
+def test_numpy_numeric_values_load(tmp_path, kind, numpy1_names):
+    import numpy as np
+
+    value = NUMERIC[kind](np)
+    path = _save_with_numpy(tmp_path, value, numpy1_names)
+    for load in (lambda: torch.load(path, map_location="cpu"), lambda: checkpoint_utils.load_checkpoint_to_cpu(path)):
+        best = load()["extra_state"]["best"]
+        assert type(best) is type(value) and best.dtype == value.dtype and np.array_equal(best, value)
+
+
+@pytest.mark.parametrize("kind", ["object_array", "object_array_with_exploit", "structured_array", "str_array"])
+def test_numpy_non_numeric_values_are_refused(tmp_path, kind):
+    """An object array would rebuild arbitrary pickled objects; only numeric dtypes are allowed."""
+    import numpy as np
+
+    marker = tmp_path / "pwned"
+    value = {"object_array": lambda: np.array([1, "a"], dtype=object),
+             "object_array_with_exploit": lambda: np.array([Exploit(str(marker))], dtype=object),
+             "structured_array": lambda: np.zeros(2, dtype="i4,f8"),
+             "str_array": lambda: np.array(["ab"])}[kind]()
+    path = _save_with_numpy(tmp_path, value)
+    expected = {"object_array": "ObjectDType", "object_array_with_exploit": "ObjectDType|posix.system",
+                "structured_array": "VoidDType", "str_array": "StrDType"}[kind]
+    # torch's refusal, passed on unchanged (not reported as a damaged file)
+    for load in (lambda: torch.load(path, map_location="cpu"), lambda: checkpoint_utils.load_checkpoint_to_cpu(path)):
+        with pytest.raises(pickle.UnpicklingError, match=expected):
+            load()
+    assert not marker.exists()
+
+
 @pytest.mark.parametrize("omegaconf_cfg", [False, True], ids=["namespace_cfg", "dictconfig_cfg"])
 def test_convert_roundtrip_keeps_everything_but_names(tmp_path, omegaconf_cfg):
     task = make_task()

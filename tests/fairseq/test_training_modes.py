@@ -1,22 +1,17 @@
 """Training modes of ls_transformer: activation checkpointing (+ offload), bf16, fp16/AMP (CUDA),
-gradient accumulation (--update-freq), EMA (--store-ema) and distributed data parallel (2 CPU
-processes over gloo).
+gradient accumulation (--update-freq) and EMA (--store-ema). (bf16 and distributed training through
+the command line: tests/e2e/test_bf16.py, tests/e2e/test_distributed.py.)
 
 Module-level tests run in-process on tiny models. `e2e` tests drive fairseq's real command line
 (`python -m fairseq_cli.train`) on a tiny data-bin made once per session with fairseq-preprocess,
 with a 1-layer, 32-dim model on the CPU for 6 updates. `cuda` tests need a GPU (skipped here).
 
-Notes on fairseq 0.12 (not ours): its command line maps --bf16 to --tpu, so bf16 is tested through
-fairseq's Trainer with `tpu` reset (as scripts/benchmark.py does); on the CPU its pytorch_ddp
-backend passes device_ids=[0] to DistributedDataParallel (rejected for CPU modules) and its
-torchrun support divides by torch.cuda.device_count(), so the DDP test starts the two ranks itself
-(--distributed-init-method tcp://..., --distributed-no-spawn) with --ddp-backend legacy_ddp.
+The Trainer-level bf16 test builds fairseq's Trainer directly (as scripts/benchmark.py does).
 """
 import copy
 import os
 import random
 import re
-import socket
 import subprocess
 import sys
 
@@ -181,7 +176,7 @@ def baseline(data_bin, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def accumulated(data_bin, tmp_path_factory):
-    """--update-freq 2 without dropout (the DDP test compares with it)."""
+    """--update-freq 2 without dropout."""
     return train(data_bin, tmp_path_factory.mktemp("accum"), "--update-freq", "2", dropout=0.0)
 
 
@@ -222,38 +217,6 @@ def test_cli_ema_checkpoint_loads(data_bin, tmp_path, baseline):
     with torch.no_grad():
         out, _ = model(src, torch.tensor([4]), torch.tensor([[2, 7, 8]]))
     assert torch.isfinite(out).all()
-
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.mark.e2e
-def test_cli_distributed_two_cpu_processes_gloo(data_bin, tmp_path, accumulated):
-    """2 ranks x 400 tokens = the same batches per update as 1 process with --update-freq 2 (fairseq
-    shards the batch list round-robin; no dropout): same losses up to float summation order."""
-    common = ["fairseq_cli.train", *_train_args(data_bin, tmp_path, dropout=0.0), "--distributed-world-size", "2",
-              "--distributed-backend", "gloo", "--distributed-init-method", f"tcp://127.0.0.1:{_free_port()}",
-              "--distributed-no-spawn", "--ddp-backend", "legacy_ddp"]
-    procs = [subprocess.Popen([sys.executable, "-m", *common, "--distributed-rank", str(r)], cwd=ROOT,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_env())
-             for r in (0, 1)]
-    logs = []
-    try:
-        for p in procs:
-            logs.append(p.communicate(timeout=240)[0])
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-    for p, log in zip(procs, logs):
-        assert p.returncode == 0, log[-3000:]
-    assert "distributed init (rank 1)" in logs[1]
-    losses = _losses(logs[0])
-    assert len(losses) == 6 and _decreases(losses), losses
-    torch.testing.assert_close(torch.tensor(losses), torch.tensor(accumulated), rtol=0, atol=2e-3)
 
 
 # ------------------------------------------------------------------------- fairseq Trainer, bf16

@@ -28,10 +28,10 @@ def run(cmd, cwd, env=None, check=True):
     return r.returncode, out
 
 
-def train(data, save_dir, *extra, variant="ls", check=True):
-    """train.sh DATA SAVE_DIR VARIANT TINY... extra; returns (returncode, log)."""
+def train(data, save_dir, *extra, variant="ls", check=True, env=None):
+    """train.sh DATA SAVE_DIR VARIANT TINY... extra (environment `env` added); returns (returncode, log)."""
     return run([os.path.join(RECIPE, "train.sh"), os.path.join(data, "out", "data-bin"), save_dir, variant,
-                *TINY, *extra], cwd=data, check=check)
+                *TINY, *extra], cwd=data, env=env, check=check)
 
 
 def train_inner(log):

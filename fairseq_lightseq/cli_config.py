@@ -1,0 +1,92 @@
+"""Two corrections to the config fairseq's command-line tools build from their arguments, applied
+before the tool runs: `--bf16` trains in bfloat16 on the run's own device, and `torchrun` launches
+CPU training.
+
+Where: fairseq's argument post-processing (`fairseq.options.parse_args_and_arch`) runs inside the call
+that imports this plugin (`--user-dir`), so it cannot be changed there; the first fairseq function the
+CLIs (fairseq-train, fairseq-validate, ...) look up afterwards is
+`fairseq.distributed.utils.call_main(cfg, main)`, which we wrap.
+
+1. `--bf16` (`untie_bf16_from_tpu`). fairseq 0.12 sets `tpu` whenever `--bf16` (or
+   `--memory-efficient-bf16`) is given, a leftover from when bf16 meant TPU. With `tpu` on,
+   fairseq-train neither moves the model to CUDA nor detects torchrun, and its Trainer takes the XLA
+   path, which needs torch_xla. fairseq's Trainer itself already trains in bf16 on CUDA and CPU (model
+   in bfloat16, fp32 master weights in its FP16Optimizer) once `tpu` is off. So when `bf16` and `tpu`
+   are both set but a TPU was not asked for, `tpu` is turned off in every section that holds a copy
+   of it (`common`, `distributed_training` whose torchrun detection it disables, the optimizer's and
+   task's where they have one, the legacy `model` namespace). A TPU is asked for by `--tpu` (or
+   hydra's `common.tpu=true`) on the command line; such runs are left exactly as fairseq runs them.
+   The model architecture plays no part: this holds for `ls_transformer*` and fairseq's own models.
+2. torchrun on CPU (`infer_torchrun_on_cpu`). fairseq detects torchrun (MASTER_ADDR, MASTER_PORT,
+   WORLD_SIZE, RANK in the environment) only when its `--distributed-world-size` is not 1 (its default
+   is the number of GPUs, 1 without any), and then computes `device_id = rank %
+   torch.cuda.device_count()`, a division by zero without GPUs. For a CPU run (`--cpu` or no CUDA)
+   started by torchrun we fill in what fairseq would: `env://`, world size and rank from torchrun, no
+   spawning, and device 0. GPU runs are left to fairseq.
+"""
+import logging
+import os
+import sys
+from typing import Sequence
+
+import torch
+from fairseq.distributed import utils as distributed_utils
+
+logger = logging.getLogger(__name__)
+
+TORCHRUN_VARS = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK")
+
+
+def tpu_requested(argv: Sequence[str]) -> bool:
+    """Whether the command line `argv` asks for a TPU itself (rather than fairseq inferring it from --bf16)."""
+    return any(a == "--tpu" or a.lstrip("+").startswith("common.tpu=") for a in argv)
+
+
+def untie_bf16_from_tpu(cfg, argv: Sequence[str]) -> bool:
+    """Turns `tpu` off in `cfg` when fairseq set it only because of --bf16; returns whether it did."""
+    common = cfg.common
+    if not (common.bf16 and common.tpu) or tpu_requested(argv):
+        return False
+    for name in cfg:  # convert_namespace_to_omegaconf copied the value into several sections
+        section = cfg[name]
+        if getattr(section, "tpu", None) is True:
+            section.tpu = False
+    device = "CPU" if common.cpu else "CUDA"
+    logger.info(f"fairseq_lightseq: --bf16 without --tpu: training in bfloat16 on {device} "
+                f"(fairseq 0.12 would have switched to --tpu)")
+    return True
+
+
+def infer_torchrun_on_cpu(cfg, environ=os.environ) -> bool:
+    """For a CPU run started by torchrun (TORCHRUN_VARS in `environ`) and no --distributed-init-method,
+    sets cfg.distributed_training as fairseq does for a GPU run under torchrun; returns whether it did."""
+    dt = cfg.distributed_training
+    on_cpu = cfg.common.cpu or not torch.cuda.is_available()
+    if not on_cpu or cfg.common.tpu or dt.distributed_init_method is not None or \
+            not all(k in environ for k in TORCHRUN_VARS):
+        return False
+    dt.distributed_init_method = "env://"
+    dt.distributed_world_size = int(environ["WORLD_SIZE"])
+    dt.distributed_rank = int(environ["RANK"])
+    dt.device_id = 0
+    dt.distributed_no_spawn = True  # torchrun started the processes
+    return True
+
+
+def _wrap_call_main(call_main):
+    def wrapped(cfg, main, **kwargs):
+        untie_bf16_from_tpu(cfg, sys.argv[1:])
+        infer_torchrun_on_cpu(cfg)
+        return call_main(cfg, main, **kwargs)
+    wrapped.__doc__ = call_main.__doc__
+    wrapped._fls_wrapped = call_main
+    return wrapped
+
+
+def install() -> None:
+    """Wraps fairseq.distributed.utils.call_main (idempotent)."""
+    if not hasattr(distributed_utils.call_main, "_fls_wrapped"):
+        distributed_utils.call_main = _wrap_call_main(distributed_utils.call_main)
+
+
+install()

@@ -1,0 +1,102 @@
+"""fairseq's own distributed data parallel training with the plugin, on the CPU over gloo, through the
+real command line: every DDP backend fairseq offers for this model (legacy_ddp, no_c10d, pytorch_ddp),
+two ranks started as SLURM or a hand launch would (--distributed-init-method tcp://...,
+--distributed-rank, --distributed-no-spawn), and a `torchrun --nproc_per_node 2` launch.
+
+2 ranks x --max-tokens 400 draw the same batches per update as 1 process with --update-freq 2 (fairseq
+hands out the batches round-robin; no dropout), so the logged losses must match up to float summation
+order. Marked `e2e`."""
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from support.cli import BIN, env, falls, losses, make_data_bin, run, train_args
+
+pytestmark = pytest.mark.e2e
+
+UPDATES = 6
+
+
+@pytest.fixture(scope="module")
+def data_bin(tmp_path_factory):
+    return make_data_bin(str(tmp_path_factory.mktemp("ddp_data")))
+
+
+def update_freq_2(data_bin, d, cpu=True):
+    """1 process, --update-freq 2: the losses the 2-rank runs must reproduce."""
+    _, log = run(["fairseq-train", *train_args(data_bin, d, UPDATES, cpu=cpu), "--update-freq", "2"], cwd=str(d))
+    xs = losses(log)
+    assert len(xs) == UPDATES and falls(xs), xs
+    return xs
+
+
+@pytest.fixture(scope="module")
+def one_process(data_bin, tmp_path_factory):
+    return update_freq_2(data_bin, tmp_path_factory.mktemp("single"))
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def two_ranks(cmds, cwd):
+    """Runs the commands concurrently; returns their logs (each must exit 0)."""
+    procs = [subprocess.Popen(c, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env())
+             for c in cmds]
+    logs = []
+    try:
+        for p in procs:
+            logs.append(p.communicate(timeout=300)[0])
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    for p, log in zip(procs, logs):
+        assert p.returncode == 0, log[-4000:]
+    return logs
+
+
+def check_matches(log, one_process):
+    xs = losses(log)
+    assert len(xs) == UPDATES, log[-3000:]
+    torch.testing.assert_close(torch.tensor(xs), torch.tensor(one_process), rtol=0, atol=2e-3)
+
+
+def ranks_by_hand(data_bin, d, ddp_backend, cpu=True):
+    """2 ranks started as SLURM or a hand launch would, over gloo; returns rank 0's log."""
+    common = [os.path.join(BIN, "fairseq-train"), *train_args(data_bin, d, UPDATES, cpu=cpu),
+              "--distributed-world-size", "2", "--distributed-backend", "gloo",
+              "--distributed-init-method", f"tcp://127.0.0.1:{free_port()}", "--distributed-no-spawn",
+              "--ddp-backend", ddp_backend]
+    logs = two_ranks([[*common, "--distributed-rank", str(r)] for r in (0, 1)], str(d))
+    assert "distributed init (rank 1)" in logs[1] and f"'ddp_backend': '{ddp_backend}'" in logs[0]
+    return logs[0]
+
+
+@pytest.mark.parametrize("ddp_backend", ["legacy_ddp", "no_c10d", "pytorch_ddp"])
+def test_two_ranks_match_update_freq_2(data_bin, tmp_path, one_process, ddp_backend):
+    check_matches(ranks_by_hand(data_bin, tmp_path, ddp_backend), one_process)
+
+
+@pytest.mark.cuda
+def test_pytorch_ddp_on_cuda_two_ranks_one_gpu(data_bin, tmp_path):
+    """fairseq's GPU path of pytorch_ddp (device_ids=[0] kept): two ranks share the GPU over gloo."""
+    (tmp_path / "single").mkdir()
+    reference = update_freq_2(data_bin, tmp_path / "single", cpu=False)
+    check_matches(ranks_by_hand(data_bin, tmp_path, "pytorch_ddp", cpu=False), reference)
+
+
+def test_torchrun_two_cpu_processes(data_bin, tmp_path, one_process):
+    """torchrun starts both ranks (as on each machine of a multi-node run); fairseq reads its environment."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+           "--master_port", str(free_port()), os.path.join(BIN, "fairseq-train"), *train_args(data_bin, tmp_path, UPDATES),
+           "--distributed-backend", "gloo", "--ddp-backend", "pytorch_ddp"]
+    _, log = run(cmd, cwd=str(tmp_path))
+    assert "distributed init (rank 1): env://" in log and "distributed init (rank 0): env://" in log, log[-3000:]
+    check_matches(log, one_process)
