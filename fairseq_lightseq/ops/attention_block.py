@@ -10,12 +10,15 @@ and their backward nodes). Here forward and backward each run in one Python fram
 this composition (tests compare the two) and serve what this path does not (autocast, devices or
 dtypes without kernels, incremental decoding, attention weights).
 
-Saved for backward (explicit attention): the block input, q, k, v, and the layer norm statistics
-(post-LN: its input too). The [B, H, Tq, Tk] probabilities and the merged heads are recomputed in
-backward (one bmm + one softmax kernel + one bmm), never stored; the concatenated q/k/v weight is
-built in forward and again in backward (a [3E, E] copy) rather than saved, so it always matches the
-current parameters. With SDPA (CUDA), SDPA keeps what its own backward needs (output and
-logsumexp) and the merged heads are rebuilt from its output.
+Saved for backward: the block input, q, k, v, the layer norm statistics (post-LN: its input too;
+pre-LN recomputes its normalised input), and, for the explicit attention, the softmax output and the
+dropped probabilities: the explicit path is the CPU's (and CUDA's fallback), where the softmax
+kernel is the costliest step of the block and host time decides, so the softmax is not recomputed;
+the merged heads (the output GEMM's input, [Tq, B, E]) are, from the probabilities and v (one bmm
+and one copy). With SDPA (CUDA's path) nothing [B, H, Tq, Tk] is kept: SDPA saves its output and
+logsumexp, and the merged heads are rebuilt from its output. The concatenated q/k/v weight is built
+in forward and again in backward (a [3E, E] copy) rather than saved, so it always matches the
+current parameters.
 """
 from typing import NamedTuple, Optional
 
@@ -24,7 +27,6 @@ import torch.nn.functional as F
 
 from . import _backend, block_norm
 from ._backend import Dropout
-from .reference.philox import dropout_threshold
 
 
 class AttentionBlockConfig(NamedTuple):
@@ -115,25 +117,28 @@ class AttentionBlockFunction(torch.autograd.Function):
             kv = kv.view(Tk, B, 2 * E)
             k, v = _heads(kv[..., :E], H), _heads(kv[..., E:], H)
             del kv
+        y = dropped = None
         if cfg.sdpa:
             ctx.sdpa = _sdpa_forward(q, k, v, key_padding_mask, cfg, B)
             merged = _merge_sdpa(ctx.sdpa[0], Tq, B, E)
         else:
-            merged = ops.merge_heads(_attend(ops, q, k, v, key_padding_mask, cfg, B)[2], H)
+            y, dropped, ctx_heads = _attend(ops, q, k, v, key_padding_mask, cfg, B)
+            merged = ops.merge_heads(ctx_heads, H)
+            del ctx_heads
         out = torch.mm(merged.view(Tq * B, E), wo.t()).view(Tq, B, E)
-        del merged
-        y, s, mean, rstd = block_norm.forward_end(ops, out, bo, x, cfg.dropout, ln_weight, ln_bias, mean, rstd,
-                                                  cfg.normalize_before, cfg.eps)
-        ctx.save_for_backward(x, memory, key_padding_mask, ln_weight, ln_bias, wq, bq, wk, bk, wv, bv, wo, s, mean, rstd,
-                              *((None, None, None) if cfg.sdpa else (q, k, v)))
+        out_y, s, mean, rstd = block_norm.forward_end(ops, out, bo, x, cfg.dropout, ln_weight, ln_bias, mean,
+                                                      rstd, cfg.normalize_before, cfg.eps)
+        if cfg.sdpa:
+            q = k = v = None
+        ctx.save_for_backward(x, memory, ln_weight, ln_bias, wq, wk, wv, wo, s, mean, rstd, q, k, v, y, dropped)
         ctx.cfg = cfg
-        return y
+        return out_y
 
     @staticmethod
     def backward(ctx, dy):
         ops = _backend.ops()
         cfg = ctx.cfg
-        x, memory, kpm, ln_weight, ln_bias, wq, bq, wk, bk, wv, bv, wo, s, mean, rstd, q, k, v = ctx.saved_tensors
+        x, memory, ln_weight, ln_bias, wq, wk, wv, wo, s, mean, rstd, q, k, v, y, dropped = ctx.saved_tensors
         Tq, B, E = x.shape
         H = cfg.num_heads
         ds, h, dln_w, dln_b = block_norm.backward_start(ops, dy, x, s, ln_weight, ln_bias, mean, rstd,
@@ -145,18 +150,18 @@ class AttentionBlockFunction(torch.autograd.Function):
         dctx = dmerged.view(Tq, B, H, E // H).permute(1, 2, 0, 3).reshape(B * H, Tq, E // H)
         if cfg.sdpa:
             o, qs, ks, vs = ctx.sdpa
-            del ctx.sdpa
-            dq, dk, dv = torch.autograd.grad(o, (qs, ks, vs), dctx.view(o.shape))
-            merged = _merge_sdpa(o, Tq, B, E)
+            # retain_graph: a second backward through the outer graph (retain_graph there) needs it
+            # again; it is freed with this node.
+            dq, dk, dv = torch.autograd.grad(o, (qs, ks, vs), dctx.view(o.shape), retain_graph=True)
+            merged = _merge_sdpa(o, Tq, B, E)  # rebuilt, not saved
             dq, dk, dv = (t.reshape(B * H, -1, E // H) for t in (dq, dk, dv))
         else:
-            y, dropped, probs = _attend(ops, q, k, v, kpm, cfg, B, keep_probs=True)
-            merged = ops.merge_heads(torch.bmm(probs, v), H)
+            probs = (dropped if dropped.numel() else y).view(B * H, Tq, -1)
+            merged = ops.merge_heads(torch.bmm(probs, v), H)  # recomputed, not saved
             dv = torch.bmm(probs.transpose(1, 2), dctx)
-            del probs, dropped
             dprobs = torch.bmm(dctx, v.transpose(1, 2))
             dscores = ops.attention_softmax_bwd(dprobs.view(y.shape), y, cfg.scale, *cfg.attn_dropout)
-            del y, dprobs
+            del probs, dprobs
             dscores = dscores.view(B * H, Tq, -1)
             dq = torch.bmm(dscores, k)
             dk = torch.bmm(dscores.transpose(1, 2), q)
@@ -188,17 +193,16 @@ class AttentionBlockFunction(torch.autograd.Function):
         return dx, dmemory, None, dln_w, dln_b, dwq, dbq, dwk, dbk, dwv, dbv, dwo, dbo, None
 
 
-def _attend(ops, q, k, v, key_padding_mask, cfg: AttentionBlockConfig, B: int, keep_probs: bool = False):
+def _attend(ops, q, k, v, key_padding_mask, cfg: AttentionBlockConfig, B: int):
     """Explicit attention on q: [B*H, Tq, hd], k, v: [B*H, Tk, hd] -> (y: softmax [B, H, Tq, Tk],
-    dropped probabilities (empty when dropout is off), the probabilities PV used as [B*H, Tq, Tk]
-    if keep_probs else the context [B*H, Tq, hd])."""
+    dropped: the dropped probabilities, empty when dropout is off, context [B*H, Tq, hd])."""
     BH, Tq, _ = q.shape
     Tk = k.shape[1]
     scores = torch.bmm(q, k.transpose(1, 2)).view(B, BH // B, Tq, Tk)
     y, dropped = ops.attention_softmax_fwd(scores, key_padding_mask, cfg.causal, cfg.scale, *cfg.attn_dropout)
     del scores
-    probs = (dropped if dropout_threshold(cfg.attn_dropout.p) else y).view(BH, Tq, Tk)
-    return y, dropped, (probs if keep_probs else torch.bmm(probs, v))
+    probs = dropped if dropped.numel() else y
+    return y, dropped, torch.bmm(probs.view(BH, Tq, Tk), v)
 
 
 def _sdpa_forward(q, k, v, key_padding_mask, cfg: AttentionBlockConfig, B: int):

@@ -64,46 +64,65 @@ class FusedAdam(torch.optim.Optimizer):
     # supports_step_with_scale (set per instance): step(scale=s) divides the grads by s inside the
     # kernel, so FP16Optimizer skips its separate unscaling pass over all gradients.
 
+    def load_state_dict(self, state_dict):
+        super().load_state_dict(state_dict)
+        # torch casts loaded state to each param's dtype (fp16 for --memory-efficient-fp16) and may
+        # leave a tensor `step`: the next step brings them back to fp32 / int, once.
+        self._state_checked = False
+
     @torch.no_grad()
     def step(self, closure=None, scale=1.0):
-        """One update of every param with a grad; grads are divided by `scale` (float or 0-dim tensor)."""
+        """One update of every param with a grad; grads are divided by `scale` (float or 0-dim tensor).
+
+        No host-device sync: a tensor scale (fairseq's FP16Optimizer after gradient clipping) is
+        applied to the grads on the device (one multiply over them, as FP16Optimizer itself would
+        do) rather than read back as a float for the kernel's grad_scale."""
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        grad_scale = 1.0 / float(scale)
+        check_state = not getattr(self, "_state_checked", True)
         for group in self.param_groups:
             _reject_amsgrad(group.get("amsgrad", False))
             beta1, beta2 = group["betas"]
             buckets = defaultdict(lambda: ([], [], [], []))  # by step number (normally one bucket)
             copy_back = []
             for p in group["params"]:
-                if p.grad is None:
-                    continue
                 grad = p.grad
+                if grad is None:
+                    continue
                 if grad.is_sparse:
                     raise RuntimeError("ls_adam does not support sparse gradients")
-                p32 = p.data.float() if p.dtype in _HALF else p.data
+                half = p.dtype in _HALF
+                p32 = p.float() if half else p  # (step runs under no_grad: no `.data` needed)
                 state = self.state[p]
                 if len(state) == 0:
                     state["step"] = 0
                     state["exp_avg"] = torch.zeros_like(p32, memory_format=torch.contiguous_format)
                     state["exp_avg_sq"] = torch.zeros_like(p32, memory_format=torch.contiguous_format)
-                else:
+                elif check_state:
                     # As fairseq: state loaded from a checkpoint may sit on another device/dtype.
                     state["exp_avg"] = state["exp_avg"].to(p32)
                     state["exp_avg_sq"] = state["exp_avg_sq"].to(p32)
-                state["step"] = int(state["step"]) + 1
+                    state["step"] = int(state["step"])
+                state["step"] += 1
                 lists = buckets[state["step"]]
                 for lst, t in zip(lists, (p32, grad, state["exp_avg"], state["exp_avg_sq"])):
                     lst.append(t)
-                if p32 is not p.data:
+                if half:
                     copy_back.append((p, p32))
+            grad_scale = 1.0
+            if torch.is_tensor(scale):
+                for gs in (b[1] for b in buckets.values()):
+                    torch._foreach_div_(gs, scale)
+            else:
+                grad_scale = 1.0 / scale
             for step, (ps, gs, ms, vs) in buckets.items():
                 adam_ops.adam_step(ps, gs, ms, vs, step, group["lr"], beta1, beta2, group["eps"],
                                    group["weight_decay"], grad_scale)
             for p, p32 in copy_back:
-                p.data.copy_(p32)
+                p.copy_(p32)
+        self._state_checked = True
         return loss
 
 
