@@ -20,8 +20,10 @@ Dropout: one seed per encoder/decoder forward (drawn by the caller), and each dr
 layer i owns a fixed Philox range (`dropout_site` + k, see ops._backend.SITE_BITS): the masks do not
 depend on call order, so activation checkpointing recomputes them exactly.
 """
+import functools
 from typing import Optional
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -40,6 +42,16 @@ assert set(FAIRSEQ_ACTIVATIONS.values()) <= set(ACTIVATIONS)
 SITES_PER_LAYER = 8
 
 _BLOCK_OPS = tuple(dict.fromkeys(ops.attention_block.OPS + ops.feed_forward_block.OPS))
+# The dtypes the compiled kernels take, per device type (csrc/ops/utils.h check_float).
+_KERNEL_DTYPES = {"cpu": (torch.float32, torch.float64, torch.bfloat16),
+                  "cuda": (torch.float32, torch.float16, torch.bfloat16)}
+
+
+@functools.lru_cache(maxsize=None)
+def _blocks_have_kernels(device_type: str) -> bool:
+    """Whether every op of the blocks has a kernel for this device type (use_kernel warns once
+    otherwise). Cached: asked at every layer call."""
+    return all([_backend.use_kernel(op, device_type) for op in _BLOCK_OPS])
 
 
 def _layer_norm(ln: nn.LayerNorm, x: Tensor) -> Tensor:
@@ -76,9 +88,11 @@ class _TransformerLayerBase(nn.Module):
     def _use_blocks(self, x: Tensor) -> bool:
         """The one-node blocks need every op's kernel for x's device and one dtype throughout; under
         autocast (mixed dtypes) the per-op chain's promotion rules apply."""
-        if _backend.autocast_on(x) or x.dtype != self.fc1.weight.dtype:
+        device_type = x.device.type
+        if _backend.autocast_on(x) or x.dtype != self.fc1.weight.dtype or \
+                x.dtype not in _KERNEL_DTYPES.get(device_type, ()):
             return False
-        return all(_backend.use_kernel(op, x.device.type) for op in _BLOCK_OPS)
+        return _blocks_have_kernels(device_type)
 
     def _attention_block(self, attn: LSMultiheadAttention, ln: nn.LayerNorm, x: Tensor, memory: Optional[Tensor],
                          key_padding_mask: Optional[Tensor], causal: bool, seed: Optional[int], site: int) -> Tensor:

@@ -111,19 +111,25 @@ class FusedAdam(torch.optim.Optimizer):
                     lst.append(t)
                 if half:
                     copy_back.append((p, p32))
-            grad_scale = 1.0
-            if torch.is_tensor(scale):
-                for gs in (b[1] for b in buckets.values()):
-                    torch._foreach_div_(gs, scale)
-            else:
-                grad_scale = 1.0 / scale
             for step, (ps, gs, ms, vs) in buckets.items():
                 adam_ops.adam_step(ps, gs, ms, vs, step, group["lr"], beta1, beta2, group["eps"],
-                                   group["weight_decay"], grad_scale)
+                                   group["weight_decay"], _grad_scale(gs, scale))
             for p, p32 in copy_back:
                 p.copy_(p32)
         self._state_checked = True
         return loss
+
+
+def _grad_scale(grads, scale) -> float:
+    """The kernel's grad_scale for dividing `grads` by `scale`. A tensor scale on the grads' device
+    divides them there (no sync: its value never comes to the host) and leaves 1.0; a float, or a
+    CPU tensor beside device grads (its value is already on the host), gives 1 / scale."""
+    if not torch.is_tensor(scale):
+        return 1.0 / scale
+    if scale.device.type == "cpu" and grads[0].device.type != "cpu":
+        return 1.0 / float(scale)
+    torch._foreach_div_(grads, scale)
+    return 1.0
 
 
 def _reject_amsgrad(amsgrad):
