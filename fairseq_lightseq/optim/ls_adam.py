@@ -15,6 +15,7 @@ from fairseq.dataclass import FairseqDataclass
 from fairseq.optim import OPTIMIZER_REGISTRY, FairseqOptimizer, register_optimizer
 from omegaconf import II, OmegaConf
 
+from ..ops import _backend
 from ..ops import adam as adam_ops
 
 logger = logging.getLogger(__name__)
@@ -69,6 +70,40 @@ class FusedAdam(torch.optim.Optimizer):
         # torch casts loaded state to each param's dtype (fp16 for --memory-efficient-fp16) and may
         # leave a tensor `step`: the next step brings them back to fp32 / int, once.
         self._state_checked = False
+        self._ready = {}
+
+    def add_param_group(self, param_group):
+        super().add_param_group(param_group)
+        self._ready = {}
+
+    def _ready_group(self, group):
+        """The group's (params, states, exp_avgs, exp_avg_sqs) when the previous step found it in the
+        common case, which this step can update without looking at each param again: every param
+        fp32 with a grad, one step number, all on one device whose kernel takes them. Autograd
+        gives each grad its param's shape, dtype and device, so only their presence is checked."""
+        ready = getattr(self, "_ready", {}).get(id(group))
+        if ready is None or ready[0] is not group["params"]:
+            return None
+        ps = ready[1]
+        gs = [p.grad for p in ps]
+        if any(g is None for g in gs):
+            return None
+        return ps, gs, ready[2], ready[3], ready[4]
+
+    def _remember_group(self, group, buckets, copy_back):
+        """Keep the group for _ready_group when this step was the common case."""
+        if copy_back or len(buckets) != 1:
+            return
+        ps, gs, ms, vs = next(iter(buckets.values()))
+        if len(ps) != len(group["params"]) or not ps or any(g.is_sparse for g in gs):
+            return
+        device = ps[0].device
+        if not _backend.use_kernel("adam_step_", device.type) or not all(
+                adam_ops.kernel_accepts(p, g, m, v) and p.device == device for p, g, m, v in zip(ps, gs, ms, vs)):
+            return
+        if not hasattr(self, "_ready"):
+            self._ready = {}
+        self._ready[id(group)] = (group["params"], list(ps), [self.state[p] for p in ps], ms, vs)
 
     @torch.no_grad()
     def step(self, closure=None, scale=1.0):
@@ -85,6 +120,16 @@ class FusedAdam(torch.optim.Optimizer):
         for group in self.param_groups:
             _reject_amsgrad(group.get("amsgrad", False))
             beta1, beta2 = group["betas"]
+            ready = None if check_state else self._ready_group(group)
+            if ready is not None:  # the common case: one kernel call, no per-param work but `step`
+                ps, gs, states, ms, vs = ready
+                step = states[0]["step"] + 1
+                for st in states:
+                    st["step"] = step
+                adam_ops.adam_step_unchecked(ps, gs, ms, vs, step, group["lr"], beta1, beta2, group["eps"],
+                                             group["weight_decay"], _grad_scale(gs, scale))
+                continue
+            getattr(self, "_ready", {}).pop(id(group), None)  # e.g. a param without a grad: steps now differ
             buckets = defaultdict(lambda: ([], [], [], []))  # by step number (normally one bucket)
             copy_back = []
             for p in group["params"]:
@@ -116,6 +161,7 @@ class FusedAdam(torch.optim.Optimizer):
                                    group["weight_decay"], _grad_scale(gs, scale))
             for p, p32 in copy_back:
                 p.copy_(p32)
+            self._remember_group(group, buckets, copy_back)
         self._state_checked = True
         return loss
 
