@@ -9,7 +9,7 @@ from fairseq.models.transformer import TransformerModel
 from fairseq.models.transformer import transformer_legacy as fs
 
 from ..modules.transformer import LSTransformerDecoder, LSTransformerEncoder
-from ..modules.transformer_layer import ACTIVATIONS
+from ..modules.transformer_layer import FAIRSEQ_ACTIVATIONS
 
 
 def check_supported(args) -> None:
@@ -38,9 +38,9 @@ def check_supported(args) -> None:
         if bad:
             raise ValueError(f"ls_transformer does not support {option}; use --arch transformer for it")
     act = str(get("activation_fn", "relu"))
-    if act not in ACTIVATIONS:
+    if act not in FAIRSEQ_ACTIVATIONS:
         raise ValueError(f"ls_transformer does not support --activation-fn {act}; "
-                         f"supported: {', '.join(ACTIVATIONS)}")
+                         f"supported: {', '.join(FAIRSEQ_ACTIVATIONS)}")
 
 
 @register_model("ls_transformer")

@@ -7,7 +7,7 @@ SinusoidalPositionalEmbedding, whose `.weights` table is a non-persistent buffer
 This module only looks up the position table and calls the fused op, producing the time-major
 [T, B, E] layout the layers use directly (no transpose copy).
 """
-from typing import Optional
+from typing import Optional, Union
 
 import torch
 from torch import Tensor, nn
@@ -33,7 +33,7 @@ def position_table(embed_positions: Optional[nn.Module], max_position: int) -> O
 
 
 def embed_time_major(tokens: Tensor, embed_tokens: nn.Embedding, embed_positions: Optional[nn.Module],
-                     scale: float, p: float, training: bool, positions: Optional[Tensor] = None,
+                     scale: float, p: Union[float, ops.Dropout], training: bool, positions: Optional[Tensor] = None,
                      max_position: Optional[int] = None) -> Tensor:
     """dropout(scale * embed_tokens(tokens) + embed_positions(positions)) as [T, B, E].
 

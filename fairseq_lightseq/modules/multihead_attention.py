@@ -21,6 +21,8 @@ from torch import Tensor, nn
 from fairseq.incremental_decoding_utils import with_incremental_state
 
 from .. import ops
+from ..ops import _backend
+from ..ops.attention_block import _sdpa_mask, sdpa_supported
 
 # When to use torch's fused scaled_dot_product_attention instead of the explicit
 # bmm -> ops.attention_softmax_dropout -> bmm path: "auto" = on CUDA only, "always", "never".
@@ -31,7 +33,8 @@ SDPA_MODE = "auto"
 IncrementalState = Dict[str, Dict[str, Optional[Tensor]]]
 
 
-def _use_sdpa(x: Tensor) -> bool:
+def use_sdpa(x: Tensor) -> bool:
+    """Whether attention on x's device runs torch's fused SDPA (see SDPA_MODE)."""
     if SDPA_MODE == "never":
         return False
     if SDPA_MODE == "always":
@@ -65,6 +68,11 @@ class LSMultiheadAttention(nn.Module):
         self.q_proj = nn.Linear(embed_dim, embed_dim)
         self.out_proj = nn.Linear(embed_dim, embed_dim)
         self.reset_parameters(qkv_same_dim=kdim == embed_dim)
+
+    @property
+    def dropout_active(self) -> bool:
+        """Whether attention dropout is applied (the one place that decides)."""
+        return self.training
 
     def reset_parameters(self, qkv_same_dim: bool = True):
         """fairseq's initialisation: scaled xavier for the q/k/v weights when they share a dim, their
@@ -106,13 +114,16 @@ class LSMultiheadAttention(nn.Module):
 
     def forward(self, query: Tensor, key: Optional[Tensor] = None, key_padding_mask: Optional[Tensor] = None,
                 causal: bool = False, incremental_state: Optional[IncrementalState] = None,
-                need_weights: bool = False) -> Tuple[Tensor, Optional[Tensor]]:
+                need_weights: bool = False, attn_dropout: Optional[ops.Dropout] = None
+                ) -> Tuple[Tensor, Optional[Tensor]]:
         """
         query: [Tq, B, E]; key: [Tk, B, kdim] (encoder-decoder attention; ignored for self-attention);
         key_padding_mask: [B, Tk] bool, True at padding (for self-attention with incremental_state:
         the mask of the new steps only, or None); causal: query i sees keys j <= i + Tk - Tq.
         incremental_state: fairseq's generation cache; self-attention appends the new keys/values,
         encoder-decoder attention projects the encoder output once and reuses it.
+        attn_dropout: the draw over the [B, H, Tq, Tk] probabilities (default: p = self.dropout with
+        a fresh seed when dropout is active).
         Returns (output projection WITHOUT out_proj.bias [Tq, B, E], attention weights averaged over
         heads [B, Tq, Tk] if need_weights else None).
         """
@@ -143,27 +154,25 @@ class LSMultiheadAttention(nn.Module):
                 k, v = self._project_kv(key)
                 if incremental_state is not None:
                     self._set_input_buffer(incremental_state, {"prev_key": k, "prev_value": v})
-        out, weights = self._attend(q, k, v, key_padding_mask, causal, need_weights)
+        if attn_dropout is None:
+            attn_dropout = _backend.draw(self.dropout, self.dropout_active)
+        out, weights = self._attend(q, k, v, key_padding_mask, causal, need_weights, attn_dropout)
         return F.linear(out, self.out_proj.weight), weights
 
     def _attend(self, q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Optional[Tensor], causal: bool,
-                need_weights: bool) -> Tuple[Tensor, Optional[Tensor]]:
+                need_weights: bool, attn_dropout: ops.Dropout) -> Tuple[Tensor, Optional[Tensor]]:
         """q: [B, H, Tq, hd]; k, v: [B, H, Tk, hd] -> ([Tq, B, E], weights [B, Tq, Tk] or None)."""
         B, H, Tq, hd = q.shape
         Tk = k.size(2)
-        p = self.dropout if self.training else 0.0
-        if not need_weights and _use_sdpa(q) and not (causal and key_padding_mask is not None) \
-                and not (causal and Tq != Tk and Tq != 1):
-            # Fused attention: no [B, H, Tq, Tk] tensor in memory. A key padding mask becomes a boolean
-            # attend-mask (rows never fully masked: encoder sources/ targets have >= 1 real token);
-            # causal with Tq == Tk is SDPA's is_causal, with Tq == 1 (a generation step) no mask at all.
-            mask = None if key_padding_mask is None else ~key_padding_mask.view(B, 1, 1, Tk).to(torch.bool)
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p,
-                                                 is_causal=causal and Tq == Tk and Tq > 1, scale=self.scaling)
+        if not need_weights and use_sdpa(q) and sdpa_supported(causal, Tq, Tk):
+            # Fused attention: no [B, H, Tq, Tk] tensor in memory (masks: see _sdpa_mask).
+            mask, is_causal = _sdpa_mask(key_padding_mask, causal, Tq, Tk)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=attn_dropout.p,
+                                                 is_causal=is_causal, scale=self.scaling)
             return out.permute(2, 0, 1, 3).reshape(Tq, B, H * hd), None
         scores = torch.bmm(q.reshape(B * H, Tq, hd), k.reshape(B * H, Tk, hd).transpose(1, 2))
         probs = ops.attention_softmax_dropout(scores.view(B, H, Tq, Tk), key_padding_mask, causal,
-                                              self.scaling, p, self.training)
+                                              self.scaling, attn_dropout)
         out = torch.bmm(probs.view(B * H, Tq, Tk), v.reshape(B * H, Tk, hd))
         weights = probs.detach().float().mean(dim=1).to(q.dtype) if need_weights else None
         return ops.merge_heads(out, H), weights

@@ -18,8 +18,9 @@ from fairseq.distributed import fsdp_wrap
 from fairseq.models.transformer import TransformerConfig, TransformerDecoderBase, TransformerEncoderBase
 from fairseq.modules.checkpoint_activations import checkpoint_wrapper
 
+from ..ops import _backend
 from .embedding import embed_time_major
-from .transformer_layer import LSTransformerDecoderLayer, LSTransformerEncoderLayer, _layer_norm
+from .transformer_layer import SITES_PER_LAYER, LSTransformerDecoderLayer, LSTransformerEncoderLayer, _layer_norm
 
 
 def _cfg(cfg) -> TransformerConfig:
@@ -35,11 +36,11 @@ def _wrap_layer(layer, cfg):
     """fairseq's own layer wrapping (TransformerEncoderBase.build_encoder_layer): activation
     checkpointing with --checkpoint-activations [--offload-activations], then FSDP wrapping.
 
-    Recomputation in backward gives the same dropout masks: our ops draw their Philox seeds from
-    torch's default (CPU) generator, and fairseq's CheckpointFunction saves that generator's state
-    (and the current CUDA one, which SDPA's attention dropout uses) before the forward and restores
-    it for the recomputation (fairseq.utils.get_rng_state / set_rng_state); the parameters and the
-    state_dict keys are unchanged (the wrapper only replaces `forward`)."""
+    Recomputation in backward gives the same dropout masks: the layer gets its Philox seed and
+    sites as arguments, which the checkpoint keeps, and fairseq's CheckpointFunction restores the
+    CUDA generator's state (which SDPA's attention dropout uses) for the recomputation
+    (fairseq.utils.get_rng_state / set_rng_state); the parameters and the state_dict keys are
+    unchanged (the wrapper only replaces `forward`)."""
     checkpoint = bool(cfg.checkpoint_activations)
     if checkpoint:
         layer = checkpoint_wrapper(layer, offload_to_cpu=bool(cfg.offload_activations))
@@ -52,13 +53,31 @@ def _dropout(x: Tensor, p: float, training: bool) -> Tensor:
     return torch.nn.functional.dropout(x, p, training) if p > 0 else x
 
 
-class LSTransformerEncoder(TransformerEncoderBase):
+class _DropoutStreamMixin:
+    """One Philox seed per encoder/decoder forward: the embedding takes site 0 of its stream, layer
+    i the sites 1 + i * SITES_PER_LAYER onwards. One draw from torch's generator per forward (none
+    when no dropout is configured) instead of one per dropout call."""
+
+    @property
+    def dropout_active(self) -> bool:
+        """Whether dropout is applied (the one place that decides, for the embedding and the seed)."""
+        return self.training
+
+    def _any_dropout(self, cfg) -> bool:
+        return bool(cfg.dropout or cfg.attention_dropout or _activation_dropout(cfg))
+
+    def _forward_seed(self) -> Optional[int]:
+        return _backend.next_seed() if self.dropout_active and self.uses_dropout else None
+
+
+class LSTransformerEncoder(_DropoutStreamMixin, TransformerEncoderBase):
     """Encoder: fused embedding -> N x LSTransformerEncoderLayer -> [layer_norm] (pre-LN)."""
 
     def __init__(self, cfg, dictionary, embed_tokens, return_fc=False):
         if return_fc:
             raise ValueError("ls_transformer: the encoder does not return fc results (return_fc)")
         super().__init__(_cfg(cfg), dictionary, embed_tokens, return_fc=False)
+        self.uses_dropout = self._any_dropout(cfg)
 
     def build_encoder_layer(self, cfg):
         layer = LSTransformerEncoderLayer(
@@ -75,23 +94,25 @@ class LSTransformerEncoder(TransformerEncoderBase):
         left empty (nothing in the transformer reads them; computing them would cost memory)."""
         if token_embeddings is not None:
             raise ValueError("ls_transformer: token_embeddings are not supported")
+        # The mask goes to every layer whether or not the batch has padding: asking would cost a
+        # device sync (an all-False mask gives the same result).
         encoder_padding_mask = src_tokens.eq(self.padding_idx)
-        has_pads = bool(encoder_padding_mask.any())
+        seed, active = self._forward_seed(), self.dropout_active
         p = self.dropout_module.p
         if self.layernorm_embedding is None:
-            x = embed_time_major(src_tokens, self.embed_tokens, self.embed_positions, self.embed_scale, p,
-                                 self.training)
+            x = embed_time_major(src_tokens, self.embed_tokens, self.embed_positions, self.embed_scale,
+                                 _backend.draw(p, active, seed, 0), active)
         else:
             x = embed_time_major(src_tokens, self.embed_tokens, self.embed_positions, self.embed_scale, 0.0,
-                                 self.training)
-            x = _dropout(_layer_norm(self.layernorm_embedding, x), p, self.training)
-            if has_pads:  # as fairseq: the embedding layer norm made the pad positions non-zero
-                x = x * (~encoder_padding_mask).t().unsqueeze(-1).to(x.dtype)
-        layer_mask = encoder_padding_mask if has_pads else None
+                                 active)
+            x = _dropout(_layer_norm(self.layernorm_embedding, x), p, active)
+            # as fairseq: the embedding layer norm made the pad positions non-zero
+            x = x * (~encoder_padding_mask).t().unsqueeze(-1).to(x.dtype)
 
         encoder_states = [x] if return_all_hiddens else []
-        for layer in self.layers:
-            x = layer(x, encoder_padding_mask=layer_mask)
+        for i, layer in enumerate(self.layers):
+            x = layer(x, encoder_padding_mask=encoder_padding_mask, dropout_seed=seed,
+                      dropout_site=1 + i * SITES_PER_LAYER)
             if return_all_hiddens:
                 encoder_states.append(x)
         if self.layer_norm is not None:
@@ -109,12 +130,13 @@ class LSTransformerEncoder(TransformerEncoderBase):
         }
 
 
-class LSTransformerDecoder(TransformerDecoderBase):
+class LSTransformerDecoder(_DropoutStreamMixin, TransformerDecoderBase):
     """Decoder: fused embedding -> N x LSTransformerDecoderLayer -> [layer_norm] -> output projection."""
 
     def __init__(self, cfg, dictionary, embed_tokens, no_encoder_attn=False, output_projection=None):
         super().__init__(_cfg(cfg), dictionary, embed_tokens, no_encoder_attn=no_encoder_attn,
                          output_projection=output_projection)
+        self.uses_dropout = self._any_dropout(cfg)
         if self.project_in_dim is not None:
             raise ValueError("ls_transformer: decoder embedding dim != --decoder-embed-dim is not supported")
 
@@ -151,17 +173,17 @@ class LSTransformerDecoder(TransformerDecoderBase):
             # fairseq: a generation step sits at position padding_idx + slen, whatever the padding
             tokens = prev_output_tokens[:, -1:]
             positions = torch.full_like(tokens, self.padding_idx + slen)
+        seed, active = self._forward_seed(), self.dropout_active
         p = self.dropout_module.p
         p_embed = p if self.layernorm_embedding is None else 0.0
-        x = embed_time_major(tokens, self.embed_tokens, self.embed_positions, self.embed_scale, p_embed,
-                             self.training, positions=positions, max_position=self.padding_idx + slen)
+        x = embed_time_major(tokens, self.embed_tokens, self.embed_positions, self.embed_scale,
+                             _backend.draw(p_embed, active, seed, 0), active, positions=positions,
+                             max_position=self.padding_idx + slen)
         if self.layernorm_embedding is not None:
-            x = _dropout(_layer_norm(self.layernorm_embedding, x), p, self.training)
+            x = _dropout(_layer_norm(self.layernorm_embedding, x), p, active)
 
-        self_attn_padding_mask: Optional[Tensor] = None
-        pad = tokens.eq(self.padding_idx)
-        if bool(pad.any()):
-            self_attn_padding_mask = pad
+        # Always the padding mask (all False without padding): asking would cost a device sync.
+        self_attn_padding_mask = tokens.eq(self.padding_idx)
 
         attn: Optional[Tensor] = None
         inner_states: List[Optional[Tensor]] = [x]
@@ -169,7 +191,8 @@ class LSTransformerDecoder(TransformerDecoderBase):
             x, layer_attn = layer(x, enc, padding_mask, incremental_state,
                                   self_attn_padding_mask=self_attn_padding_mask,
                                   causal=not full_context_alignment,
-                                  need_attn=idx == alignment_layer and not self.training)
+                                  need_attn=idx == alignment_layer and not self.training,
+                                  dropout_seed=seed, dropout_site=1 + idx * SITES_PER_LAYER)
             inner_states.append(x)
             if layer_attn is not None and idx == alignment_layer:
                 attn = layer_attn.float().to(x)

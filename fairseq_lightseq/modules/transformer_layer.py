@@ -9,30 +9,61 @@ chain of small ops with the fused ones (post-LN shown; pre-LN moves the layer no
     x = bias_dropout_residual(attn, out_proj.bias, x);  x = layer_norm(x)
     h = bias_act_dropout(fc1(x) without bias, fc1.bias, act)
     x = bias_dropout_residual(fc2(h) without bias, fc2.bias, x);  x = layer_norm(x)
+
+Training and evaluation without incremental state run each sublayer as one autograd node
+(ops.AttentionBlockFunction, ops.FeedForwardBlockFunction): one Python frame per sublayer forward
+and backward instead of ~20 autograd nodes, which decides the host time per step. The per-op chain
+above is the same arithmetic and serves incremental decoding, attention weights, autocast and
+devices/dtypes without compiled kernels.
+
+Dropout: one seed per encoder/decoder forward (drawn by the caller), and each dropout site of
+layer i owns a fixed Philox range (`dropout_site` + k, see ops._backend.SITE_BITS): the masks do not
+depend on call order, so activation checkpointing recomputes them exactly.
 """
+import functools
 from typing import Optional
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .. import ops
-from .multihead_attention import IncrementalState, LSMultiheadAttention
+from ..ops import _backend
+from ..ops.attention_block import AttentionBlockConfig, AttentionBlockFunction
+from ..ops.feed_forward_block import FeedForwardBlockConfig, FeedForwardBlockFunction
+from ..ops.reference.dropout import ACTIVATIONS
+from .multihead_attention import IncrementalState, LSMultiheadAttention, use_sdpa
 
-# fairseq --activation-fn -> the ops' activation names.
-ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "gelu_accurate": "gelu_tanh", "gelu_fast": "gelu_tanh"}
+# fairseq --activation-fn -> the ops' activation (one of ACTIVATIONS).
+FAIRSEQ_ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "gelu_accurate": "gelu_tanh", "gelu_fast": "gelu_tanh"}
+assert set(FAIRSEQ_ACTIVATIONS.values()) <= set(ACTIVATIONS)
+
+# Dropout sites per layer in the Philox stream of one forward pass (a decoder layer uses 6).
+SITES_PER_LAYER = 8
+
+_BLOCK_OPS = tuple(dict.fromkeys(ops.attention_block.OPS + ops.feed_forward_block.OPS))
+# The dtypes the compiled kernels take, per device type (csrc/ops/utils.h check_float).
+_KERNEL_DTYPES = {"cpu": (torch.float32, torch.float64, torch.bfloat16),
+                  "cuda": (torch.float32, torch.float16, torch.bfloat16)}
+
+
+@functools.lru_cache(maxsize=None)
+def _blocks_have_kernels(device_type: str) -> bool:
+    """Whether every op of the blocks has a kernel for this device type (use_kernel warns once
+    otherwise). Cached: asked at every layer call."""
+    return all([_backend.use_kernel(op, device_type) for op in _BLOCK_OPS])
 
 
 def _layer_norm(ln: nn.LayerNorm, x: Tensor) -> Tensor:
     return ops.layer_norm(x, ln.weight, ln.bias, ln.eps)
 
 
-class _FeedForwardMixin:
-    """Self-attention and fc1 -> bias+act+dropout -> fc2 -> bias+dropout+residual, shared by both
-    layers."""
+class _TransformerLayerBase(nn.Module):
+    """What both layers share: self-attention and its norm, the FFN and its norm, the dropout draws,
+    and the choice between the one-node blocks and the per-op chain."""
 
-    def _build_common(self, embed_dim: int, num_heads: int, dropout: float,
-                      attention_dropout: float, activation_dropout: float, activation_fn: str,
-                      normalize_before: bool):
+    def _build_self_attention(self, embed_dim: int, num_heads: int, dropout: float, attention_dropout: float,
+                              activation_dropout: float, activation_fn: str, normalize_before: bool):
         self.embed_dim = embed_dim
         self.dropout = dropout
         self.activation_dropout = activation_dropout
@@ -46,52 +77,106 @@ class _FeedForwardMixin:
         self.fc2 = nn.Linear(ffn_dim, embed_dim)
         self.final_layer_norm = nn.LayerNorm(embed_dim)
 
-    def _ffn_block(self, x: Tensor) -> Tensor:
+    @property
+    def dropout_active(self) -> bool:
+        """Whether this layer's residual and activation dropout are applied (the one place that decides)."""
+        return self.training
+
+    def _draw(self, p: float, seed: Optional[int], site: int) -> ops.Dropout:
+        return _backend.draw(p, self.dropout_active, seed, site)
+
+    def _use_blocks(self, x: Tensor) -> bool:
+        """The one-node blocks need every op's kernel for x's device and one dtype throughout; under
+        autocast (mixed dtypes) the per-op chain's promotion rules apply."""
+        device_type = x.device.type
+        if _backend.autocast_on(x) or x.dtype != self.fc1.weight.dtype or \
+                x.dtype not in _KERNEL_DTYPES.get(device_type, ()):
+            return False
+        return _blocks_have_kernels(device_type)
+
+    def _attention_block(self, attn: LSMultiheadAttention, ln: nn.LayerNorm, x: Tensor, memory: Optional[Tensor],
+                         key_padding_mask: Optional[Tensor], causal: bool, seed: Optional[int], site: int) -> Tensor:
+        Tk = x.shape[0] if memory is None else memory.shape[0]
+        cfg = AttentionBlockConfig(
+            attn.num_heads, attn.scaling, causal, self.normalize_before, ln.eps,
+            _backend.draw(attn.dropout, attn.dropout_active, seed, site), self._draw(self.dropout, seed, site + 1),
+            use_sdpa(x) and ops.attention_block.sdpa_supported(causal, x.shape[0], Tk))
+        q, k, v, o = attn.q_proj, attn.k_proj, attn.v_proj, attn.out_proj
+        return AttentionBlockFunction.apply(x, memory, key_padding_mask, ln.weight, ln.bias, q.weight, q.bias,
+                                            k.weight, k.bias, v.weight, v.bias, o.weight, o.bias, cfg)
+
+    def _ffn_block(self, x: Tensor, seed: Optional[int], site: int) -> Tensor:
+        ln = self.final_layer_norm
+        cfg = FeedForwardBlockConfig(self.activation, self._draw(self.activation_dropout, seed, site),
+                                     self._draw(self.dropout, seed, site + 1), self.normalize_before, ln.eps)
+        return FeedForwardBlockFunction.apply(x, ln.weight, ln.bias, self.fc1.weight, self.fc1.bias,
+                                              self.fc2.weight, self.fc2.bias, cfg)
+
+    # ---- the per-op chain -----------------------------------------------------------------------
+
+    def _attention_chain(self, attn: LSMultiheadAttention, ln: nn.LayerNorm, x: Tensor, seed: Optional[int],
+                         site: int, **attn_kwargs):
+        """Returns (x [T, B, E], attention weights or None)."""
+        residual = x
+        if self.normalize_before:
+            x = _layer_norm(ln, x)
+        attn_out, weights = attn(x, attn_dropout=_backend.draw(attn.dropout, attn.dropout_active, seed, site),
+                                 **attn_kwargs)
+        x = ops.bias_dropout_residual(attn_out, attn.out_proj.bias, residual, self._draw(self.dropout, seed, site + 1))
+        if not self.normalize_before:
+            x = _layer_norm(ln, x)
+        return x, weights
+
+    def _ffn_chain(self, x: Tensor, seed: Optional[int], site: int) -> Tensor:
         residual = x
         if self.normalize_before:
             x = _layer_norm(self.final_layer_norm, x)
-        h = ops.bias_act_dropout(F.linear(x, self.fc1.weight), self.fc1.bias, self.activation_dropout,
-                                 self.activation, self.training)
-        x = ops.bias_dropout_residual(F.linear(h, self.fc2.weight), self.fc2.bias, residual, self.dropout,
-                                      self.training)
+        h = ops.bias_act_dropout(F.linear(x, self.fc1.weight), self.fc1.bias,
+                                 self._draw(self.activation_dropout, seed, site), self.activation)
+        x = ops.bias_dropout_residual(F.linear(h, self.fc2.weight), self.fc2.bias, residual,
+                                      self._draw(self.dropout, seed, site + 1))
         if not self.normalize_before:
             x = _layer_norm(self.final_layer_norm, x)
         return x
 
-    def _attn_residual(self, attn_out: Tensor, attn: LSMultiheadAttention, residual: Tensor,
-                       ln: nn.LayerNorm) -> Tensor:
-        x = ops.bias_dropout_residual(attn_out, attn.out_proj.bias, residual, self.dropout, self.training)
-        if not self.normalize_before:
-            x = _layer_norm(ln, x)
-        return x
+    def _seed(self, seed: Optional[int]) -> Optional[int]:
+        """The forward's seed, or one drawn here when the layer is called on its own with dropout on."""
+        if seed is None and self.dropout_active and (self.dropout or self.activation_dropout or self.self_attn.dropout):
+            seed = _backend.next_seed()
+        return seed
 
 
 def _check_activation(activation_fn: str) -> str:
-    if activation_fn not in ACTIVATIONS:
+    if activation_fn not in FAIRSEQ_ACTIVATIONS:
         raise ValueError(f"ls_transformer: --activation-fn {activation_fn!r} is not supported "
-                         f"(supported: {', '.join(ACTIVATIONS)})")
-    return ACTIVATIONS[activation_fn]
+                         f"(supported: {', '.join(FAIRSEQ_ACTIVATIONS)})")
+    return FAIRSEQ_ACTIVATIONS[activation_fn]
 
 
-class LSTransformerEncoderLayer(_FeedForwardMixin, nn.Module):
+class LSTransformerEncoderLayer(_TransformerLayerBase):
     """One encoder layer. x: [T, B, E] (time-major, fairseq's layout), any float dtype the ops take."""
 
     def __init__(self, embed_dim: int, num_heads: int, ffn_dim: int, dropout: float = 0.1,
                  attention_dropout: float = 0.0, activation_dropout: float = 0.0,
                  activation_fn: str = "relu", normalize_before: bool = False):
         super().__init__()
-        self._build_common(embed_dim, num_heads, dropout, attention_dropout, activation_dropout,
+        self._build_self_attention(embed_dim, num_heads, dropout, attention_dropout, activation_dropout,
                            activation_fn, normalize_before)
         self._build_ffn(embed_dim, ffn_dim)
 
-    def forward(self, x: Tensor, encoder_padding_mask: Optional[Tensor] = None) -> Tensor:
-        """x: [T, B, E]; encoder_padding_mask: [B, T] bool, True at padding. Returns [T, B, E]."""
-        residual = x
-        if self.normalize_before:
-            x = _layer_norm(self.self_attn_layer_norm, x)
-        attn_out, _ = self.self_attn(x, key_padding_mask=encoder_padding_mask)
-        x = self._attn_residual(attn_out, self.self_attn, residual, self.self_attn_layer_norm)
-        return self._ffn_block(x)
+    def forward(self, x: Tensor, encoder_padding_mask: Optional[Tensor] = None, dropout_seed: Optional[int] = None,
+                dropout_site: int = 0) -> Tensor:
+        """x: [T, B, E]; encoder_padding_mask: [B, T] bool, True at padding; dropout_seed: the forward's
+        Philox seed (None: drawn here if dropout is on); dropout_site: this layer's first dropout
+        site (4 used). Returns [T, B, E]."""
+        seed, k = self._seed(dropout_seed), dropout_site
+        if self._use_blocks(x):
+            x = self._attention_block(self.self_attn, self.self_attn_layer_norm, x, None, encoder_padding_mask,
+                                      False, seed, k)
+            return self._ffn_block(x, seed, k + 2)
+        x, _ = self._attention_chain(self.self_attn, self.self_attn_layer_norm, x, seed, k,
+                                     key_padding_mask=encoder_padding_mask)
+        return self._ffn_chain(x, seed, k + 2)
 
     def upgrade_state_dict_named(self, state_dict, name):
         """Very old fairseq checkpoints name the norms layer_norms.0/1."""
@@ -102,7 +187,7 @@ class LSTransformerEncoderLayer(_FeedForwardMixin, nn.Module):
                     state_dict[f"{name}.{new}.{m}"] = state_dict.pop(k)
 
 
-class LSTransformerDecoderLayer(_FeedForwardMixin, nn.Module):
+class LSTransformerDecoderLayer(_TransformerLayerBase):
     """One decoder layer: causal self-attention, encoder-decoder attention, FFN. x: [T, B, E]."""
 
     def __init__(self, embed_dim: int, num_heads: int, ffn_dim: int, dropout: float = 0.1,
@@ -110,7 +195,7 @@ class LSTransformerDecoderLayer(_FeedForwardMixin, nn.Module):
                  activation_fn: str = "relu", normalize_before: bool = False,
                  encoder_embed_dim: Optional[int] = None, no_encoder_attn: bool = False):
         super().__init__()
-        self._build_common(embed_dim, num_heads, dropout, attention_dropout, activation_dropout,
+        self._build_self_attention(embed_dim, num_heads, dropout, attention_dropout, activation_dropout,
                            activation_fn, normalize_before)
         if no_encoder_attn:
             self.encoder_attn = None
@@ -126,29 +211,33 @@ class LSTransformerDecoderLayer(_FeedForwardMixin, nn.Module):
                 encoder_padding_mask: Optional[Tensor] = None,
                 incremental_state: Optional[IncrementalState] = None,
                 self_attn_padding_mask: Optional[Tensor] = None, causal: bool = True,
-                need_attn: bool = False):
+                need_attn: bool = False, dropout_seed: Optional[int] = None, dropout_site: int = 0):
         """
         x: [T, B, E] (T = 1 in a generation step); encoder_out: [S, B, E_enc];
         encoder_padding_mask: [B, S] bool; self_attn_padding_mask: [B, T] bool or None;
-        causal: mask future positions (off only for full-context alignment).
+        causal: mask future positions (off only for full-context alignment); dropout_seed,
+        dropout_site: as the encoder layer's (6 sites used).
         Returns (x [T, B, E], encoder attention averaged over heads [B, T, S] if need_attn else None).
         """
-        residual = x
-        if self.normalize_before:
-            x = _layer_norm(self.self_attn_layer_norm, x)
-        attn_out, _ = self.self_attn(x, key_padding_mask=self_attn_padding_mask, causal=causal,
+        seed, k = self._seed(dropout_seed), dropout_site
+        cross = self.encoder_attn is not None and encoder_out is not None
+        need_weights = need_attn and self.need_attn
+        if incremental_state is None and not (cross and need_weights) and self._use_blocks(x):
+            x = self._attention_block(self.self_attn, self.self_attn_layer_norm, x, None, self_attn_padding_mask,
+                                      causal, seed, k)
+            if cross:
+                x = self._attention_block(self.encoder_attn, self.encoder_attn_layer_norm, x, encoder_out,
+                                          encoder_padding_mask, False, seed, k + 2)
+            return self._ffn_block(x, seed, k + 4), None
+        x, _ = self._attention_chain(self.self_attn, self.self_attn_layer_norm, x, seed, k,
+                                     key_padding_mask=self_attn_padding_mask, causal=causal,
                                      incremental_state=incremental_state)
-        x = self._attn_residual(attn_out, self.self_attn, residual, self.self_attn_layer_norm)
         attn = None
-        if self.encoder_attn is not None and encoder_out is not None:
-            residual = x
-            if self.normalize_before:
-                x = _layer_norm(self.encoder_attn_layer_norm, x)
-            attn_out, attn = self.encoder_attn(x, encoder_out, key_padding_mask=encoder_padding_mask,
-                                               incremental_state=incremental_state,
-                                               need_weights=need_attn and self.need_attn)
-            x = self._attn_residual(attn_out, self.encoder_attn, residual, self.encoder_attn_layer_norm)
-        return self._ffn_block(x), attn
+        if cross:
+            x, attn = self._attention_chain(self.encoder_attn, self.encoder_attn_layer_norm, x, seed, k + 2,
+                                            key=encoder_out, key_padding_mask=encoder_padding_mask,
+                                            incremental_state=incremental_state, need_weights=need_weights)
+        return self._ffn_chain(x, seed, k + 4), attn
 
     def make_generation_fast_(self, need_attn: bool = False, **kwargs):
         self.need_attn = need_attn

@@ -9,7 +9,7 @@ from . import _backend, reference
 _GRAD_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
-def _kernel_ok(p, g, m, v) -> bool:
+def kernel_accepts(p, g, m, v) -> bool:
     """Whether the compiled op accepts this tensor quadruple (else it goes to the reference)."""
     return (p.dtype == m.dtype == v.dtype == torch.float32 and g.dtype in _GRAD_DTYPES
             and p.is_contiguous() and m.is_contiguous() and v.is_contiguous()
@@ -33,7 +33,7 @@ def adam_step(params: List[torch.Tensor], grads: List[torch.Tensor], exp_avgs: L
     by_device = defaultdict(lambda: ([], [], [], []))
     rest = ([], [], [], [])
     for quad in zip(params, grads, exp_avgs, exp_avg_sqs):
-        if _kernel_ok(*quad) and _backend.use_kernel("adam_step_", quad[0].device.type):
+        if kernel_accepts(*quad) and _backend.use_kernel("adam_step_", quad[0].device.type):
             lists = by_device[quad[0].device]
         else:
             lists = rest
@@ -44,6 +44,15 @@ def adam_step(params: List[torch.Tensor], grads: List[torch.Tensor], exp_avgs: L
                                   float(weight_decay), float(grad_scale))
     if rest[0]:
         reference.adam_step(*rest, step, lr, beta1, beta2, eps, weight_decay, grad_scale)
+
+
+def adam_step_unchecked(params, grads, exp_avgs, exp_avg_sqs, step: int, lr: float, beta1: float, beta2: float,
+                        eps: float, weight_decay: float, grad_scale: float = 1.0) -> None:
+    """adam_step for lists the caller has already seen pass kernel_accepts, all on one device with a
+    kernel (ls_adam's steady state): the one op call, without the per-tensor sorting."""
+    with torch.no_grad():
+        _backend.ops().adam_step_(params, grads, exp_avgs, exp_avg_sqs, int(step), float(lr), float(beta1),
+                                  float(beta2), float(eps), float(weight_decay), float(grad_scale))
 
 
 @_backend.register_fake("adam_step_")

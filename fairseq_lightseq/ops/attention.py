@@ -6,12 +6,12 @@ for backward; out = the dropped probabilities, or an empty tensor when dropout i
 (floor(p * 2^24) == 0), in which case y itself is the result. Backward regenerates the dropout mask
 from (seed, offset) instead of storing it.
 """
-from typing import Optional
+from typing import Optional, Union
 
 import torch
 
 from . import _backend, reference
-from .dropout import _draw
+from ._backend import Dropout
 from .reference.philox import dropout_threshold
 
 
@@ -34,15 +34,16 @@ class AttentionSoftmaxDropoutFunction(torch.autograd.Function):
 
 
 def attention_softmax_dropout(scores: torch.Tensor, key_padding_mask: Optional[torch.Tensor] = None,
-                              causal: bool = False, scale: float = 1.0, p: float = 0.0,
+                              causal: bool = False, scale: float = 1.0, p: Union[float, Dropout] = 0.0,
                               training: bool = True) -> torch.Tensor:
     """dropout(softmax(scale * scores + masks)). scores: [B, H, Tq, Tk] fp32/fp64/bf16 (CPU) or
     fp32/fp16/bf16 (CUDA); key_padding_mask: [B, Tk] bool (True = pad) or None; causal: query i sees
-    keys j <= i + Tk - Tq. All-masked rows give zeros. Returns [B, H, Tq, Tk], scores' dtype."""
-    p, seed = _draw(p, training)
+    keys j <= i + Tk - Tq; p: a Dropout draw over the flat [B, H, Tq, Tk] index, or a float (a fresh
+    seed, offset 0). All-masked rows give zeros. Returns [B, H, Tq, Tk], scores' dtype."""
+    d = _backend.as_dropout(p, training)
     if _backend.use_kernel("attention_softmax_fwd", scores.device.type):
-        return AttentionSoftmaxDropoutFunction.apply(scores, key_padding_mask, causal, scale, p, seed)
-    return reference.attention_softmax_dropout(scores, key_padding_mask, causal, scale, p, seed)
+        return AttentionSoftmaxDropoutFunction.apply(scores, key_padding_mask, causal, scale, *d)
+    return reference.attention_softmax_dropout(scores, key_padding_mask, causal, scale, *d)
 
 
 class QkvBiasSplitFunction(torch.autograd.Function):

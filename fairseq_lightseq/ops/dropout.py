@@ -1,19 +1,17 @@
 """Differentiable bias+dropout+residual and bias+activation+dropout.
 
-Dropout masks come from the Philox stream (reference/philox.py, csrc/include/fls/philox.h): a seed is
-drawn from torch's default generator per call (only when training with p > 0), so torch.manual_seed
-reproduces runs. The mask is never stored: backward regenerates it from (seed, offset).
+Dropout masks come from the Philox stream (reference/philox.py, csrc/include/fls/philox.h): each op
+takes its draw as a `_backend.Dropout` (p, seed, offset), or a float p for which a seed is drawn from
+torch's default generator (only when training with p > 0), so torch.manual_seed reproduces runs.
+The mask is never stored: backward regenerates it from (seed, offset).
 """
+from typing import Union
+
 import torch
 
 from . import _backend, reference
+from ._backend import Dropout
 from .reference.dropout import ACTIVATIONS
-
-
-def _draw(p: float, training: bool):
-    """(p, seed) of one dropout draw: p = 0 and no seed drawn (the RNG untouched) in eval mode or at p = 0."""
-    p = float(p) if training else 0.0
-    return p, (_backend.next_seed() if p > 0 else 0)
 
 
 class BiasDropoutResidualFunction(torch.autograd.Function):
@@ -49,21 +47,22 @@ class BiasActDropoutFunction(torch.autograd.Function):
         return dx, dbias, None, None, None, None
 
 
-def bias_dropout_residual(x: torch.Tensor, bias: torch.Tensor, residual: torch.Tensor, p: float,
+def bias_dropout_residual(x: torch.Tensor, bias: torch.Tensor, residual: torch.Tensor, p: Union[float, Dropout],
                           training: bool = True) -> torch.Tensor:
     """residual + dropout(x + bias). x, residual: [..., C]; bias: [C]; one dtype (CPU fp32/fp64/bf16,
-    CUDA fp32/fp16/bf16). Returns [..., C] in x's dtype; math in fp32 (fp64). Under autocast the bias
+    CUDA fp32/fp16/bf16); p: a Dropout draw, or a float (a fresh seed, offset 0). Returns [..., C] in
+    x's dtype; math in fp32 (fp64). Under autocast the bias
     takes x's dtype (it is the bias of the linear that made x), then x and residual are promoted, so
     an fp32 residual stream stays fp32 as with PyTorch's own `residual + dropout(x)`."""
     if _backend.autocast_on(x):
         x, bias, residual = _backend.promote(x, bias.to(x.dtype), residual)
-    p, seed = _draw(p, training)
+    d = _backend.as_dropout(p, training)
     if _backend.use_kernel("bias_dropout_residual_fwd", x.device.type):
-        return BiasDropoutResidualFunction.apply(x, bias, residual, p, seed, 0)
-    return reference.bias_dropout_residual(x, bias, residual, p, seed)
+        return BiasDropoutResidualFunction.apply(x, bias, residual, *d)
+    return reference.bias_dropout_residual(x, bias, residual, *d)
 
 
-def bias_act_dropout(x: torch.Tensor, bias: torch.Tensor, p: float, act: str = "relu",
+def bias_act_dropout(x: torch.Tensor, bias: torch.Tensor, p: Union[float, Dropout], act: str = "relu",
                      training: bool = True) -> torch.Tensor:
     """dropout(act(x + bias)), act in relu | gelu (erf) | gelu_tanh. x: [..., C]; bias: [C]; one dtype.
     Returns [..., C] in x's dtype; math in fp32 (fp64). Under autocast the bias takes x's dtype, as
@@ -72,10 +71,10 @@ def bias_act_dropout(x: torch.Tensor, bias: torch.Tensor, p: float, act: str = "
         bias = bias.to(x.dtype)
     if act not in ACTIVATIONS:
         raise ValueError(f"bias_act_dropout: act must be one of {ACTIVATIONS}, got {act!r}")
-    p, seed = _draw(p, training)
+    d = _backend.as_dropout(p, training)
     if _backend.use_kernel("bias_act_dropout_fwd", x.device.type):
-        return BiasActDropoutFunction.apply(x, bias, p, act, seed, 0)
-    return reference.bias_act_dropout(x, bias, p, act, seed)
+        return BiasActDropoutFunction.apply(x, bias, d.p, act, d.seed, d.offset)
+    return reference.bias_act_dropout(x, bias, d.p, act, d.seed, d.offset)
 
 
 def dropout_mask(numel: int, p: float, seed: int, offset: int = 0, device="cpu") -> torch.Tensor:

@@ -1,11 +1,11 @@
 """Differentiable token + position embedding with dropout over torch.ops.fairseq_lightseq.embedding_{fwd,bwd}."""
-from typing import Optional
+from typing import Optional, Union
 
 import torch
 from torch.autograd.function import once_differentiable
 
 from . import _backend, reference
-from .dropout import _draw
+from ._backend import Dropout
 
 
 class EmbeddingFunction(torch.autograd.Function):
@@ -39,18 +39,20 @@ class EmbeddingFunction(torch.autograd.Function):
 
 
 def embedding(tokens: torch.Tensor, weight: torch.Tensor, pos_weight: Optional[torch.Tensor], padding_idx: int,
-              scale: float = 1.0, p: float = 0.0, training: bool = True,
+              scale: float = 1.0, p: Union[float, Dropout] = 0.0, training: bool = True,
               positions: Optional[torch.Tensor] = None) -> torch.Tensor:
     """dropout(scale * weight[tokens] + pos_weight[positions]) -> [B, T, E]; pad tokens give zeros.
     tokens: [B, T] int64; weight: [V, E]; pos_weight: [P, E] or None; positions: [B, T] int64
     (default: fairseq's make_positions; incremental decoding passes its own). Gradients flow to weight and
-    pos_weight (if it requires grad). Token ids must be in [0, V) and positions in [0, P)."""
-    p, seed = _draw(p, training)
+    pos_weight (if it requires grad). Token ids must be in [0, V) and positions in [0, P).
+    p: a Dropout draw over the flat [B, T, E] index, or a float (a fresh seed, offset 0)."""
+    d = _backend.as_dropout(p, training)
     if _backend.use_kernel("embedding_fwd", weight.device.type):
         if pos_weight is not None and positions is None:
             positions = reference.make_positions(tokens, padding_idx)
-        return EmbeddingFunction.apply(tokens, weight, pos_weight, positions, padding_idx, float(scale), p, seed)
-    return reference.embedding(tokens, weight, pos_weight, padding_idx, scale, p, seed, positions=positions)
+        return EmbeddingFunction.apply(tokens, weight, pos_weight, positions, padding_idx, float(scale), *d)
+    return reference.embedding(tokens, weight, pos_weight, padding_idx, scale, d.p, d.seed, d.offset,
+                               positions=positions)
 
 
 @_backend.register_fake("embedding_fwd")

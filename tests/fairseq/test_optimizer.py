@@ -262,3 +262,25 @@ def test_closure_and_step_with_scale():
     assert torch.is_tensor(oa.step(closure(a, 8.0), scale=8.0))
     ob.step(closure(b, 1.0))
     assert_params_close(params_of(a), params_of(b), rtol=1e-5, atol=1e-7)
+
+
+def test_steady_state_path_matches_the_per_param_path_when_a_grad_is_missing():
+    """ls_adam's one-call steady state (ls_adam._ready_group) gives fairseq adam's numbers, also
+    around a step where one param has no grad (its step count then lags the others')."""
+    torch.manual_seed(0)
+    ps = [torch.randn(5, 3, requires_grad=True), torch.randn(7, requires_grad=True)]
+    qs = [p.detach().clone().requires_grad_() for p in ps]
+    ours = FusedAdam(ps, lr=0.1, betas=(0.9, 0.98), weight_decay=0.01)
+    ref = torch.optim.AdamW(qs, lr=0.1, betas=(0.9, 0.98), weight_decay=0.01)
+    for i in range(5):
+        g = [torch.randn_like(p) for p in ps]
+        for p, q, gi in zip(ps, qs, g):
+            p.grad, q.grad = gi.clone(), gi.clone()
+        if i == 2:  # one param without a grad
+            ps[1].grad = qs[1].grad = None
+        ours.step()
+        ref.step()
+        assert bool(ours._ready) == (i in (0, 1))  # kept after steps 0 and 1; never again once steps differ
+        for p, q in zip(ps, qs):
+            torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+    assert [ours.state[p]["step"] for p in ps] == [5, 4]

@@ -5,7 +5,7 @@ import torch
 
 from support.tensors import DEVICE_DTYPES, assert_close, randn
 from fairseq_lightseq import ops
-from fairseq_lightseq.ops import reference
+from fairseq_lightseq.ops import _backend, reference
 from fairseq_lightseq.ops.dropout import BiasActDropoutFunction, BiasDropoutResidualFunction
 
 SHAPES = [(1, 7), (3, 129), (4097, 7), (1, 1024), (3, 1024), (4097, 129), (2, 5, 129)]
@@ -170,6 +170,28 @@ def test_unknown_activation_is_named_before_any_seed_is_drawn():
     with pytest.raises(ValueError, match="'swish'"):
         ops.bias_act_dropout(x, b, 0.1, "swish")
     assert torch.equal(torch.random.get_rng_state(), state)
+
+
+@pytest.mark.parametrize("offset", [0, 5, 3 << 40])
+def test_public_ops_take_an_explicit_draw(offset):
+    """ops.Dropout(p, seed, offset): the draw the reference makes at that offset, no seed drawn;
+    outside training, no dropout at all."""
+    x, b, r = randn(3, 37, seed=0), randn(37, seed=1), randn(3, 37, seed=2)
+    d = ops.Dropout(0.3, SEED, offset)
+    state = torch.random.get_rng_state()
+    y = ops.bias_dropout_residual(x, b, r, d)
+    h = ops.bias_act_dropout(x, b, d, "gelu")
+    assert torch.equal(torch.random.get_rng_state(), state)
+    assert_close(y, reference.bias_dropout_residual(x, b, r, 0.3, SEED, offset))
+    assert_close(h, reference.bias_act_dropout(x, b, 0.3, "gelu", SEED, offset))
+    assert_close(ops.bias_dropout_residual(x, b, r, d, training=False), reference.bias_dropout_residual(x, b, r, 0.0))
+
+
+def test_draw_sites_are_disjoint_stream_ranges():
+    assert ops.draw(0.1, False) == ops.NO_DROPOUT
+    assert ops.draw(0.0, True, SEED, 3) == ops.NO_DROPOUT
+    a, b = ops.draw(0.1, True, SEED, 1), ops.draw(0.1, True, SEED, 2)
+    assert a.seed == b.seed == SEED and b.offset - a.offset == 1 << _backend.SITE_BITS
 
 
 def test_traces_under_torch_compile_fake_tensors():

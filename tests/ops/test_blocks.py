@@ -1,0 +1,154 @@
+"""The one-node sublayers (ops.AttentionBlockFunction, ops.FeedForwardBlockFunction): gradcheck in
+float64, and forward/backward equal to the per-op chain (the layers' other path) with the same
+dropout draws, for self- and encoder-decoder attention, pre- and post-LN, masks and dropout."""
+import pytest
+import torch
+
+from support.tensors import DEVICE_DTYPES, assert_close, randn
+from fairseq_lightseq import ops
+from fairseq_lightseq.modules import LSTransformerDecoderLayer, LSTransformerEncoderLayer
+from fairseq_lightseq.modules import multihead_attention
+from fairseq_lightseq.ops import AttentionBlockConfig, AttentionBlockFunction, FeedForwardBlockConfig
+from fairseq_lightseq.ops import FeedForwardBlockFunction
+
+SEED = 987654321
+
+
+def _attention_inputs(T, S, B, E, cross, seed=0):
+    """x [T, B, E], memory [S, B, E] or None, then ln_w, ln_b, wq, bq, wk, bk, wv, bv, wo, bo, all float64."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(T, B, E, generator=g, dtype=torch.float64)
+    memory = torch.randn(S, B, E, generator=g, dtype=torch.float64) if cross else None
+    params = [1 + 0.1 * torch.randn(E, generator=g, dtype=torch.float64), 0.1 * torch.randn(E, generator=g,
+                                                                                           dtype=torch.float64)]
+    for _ in range(4):
+        params += [torch.randn(E, E, generator=g, dtype=torch.float64) / E ** 0.5,
+                   0.1 * torch.randn(E, generator=g, dtype=torch.float64)]
+    return x, memory, params
+
+
+def _mask(B, T, seed=3):
+    """[B, T] bool, True at padding: row 0 unpadded, the others padded at the end, never all padding."""
+    m = torch.zeros(B, T, dtype=torch.bool)
+    for b in range(1, B):
+        m[b, T - b % T:] = True
+    return m
+
+
+@pytest.mark.parametrize("cross", [False, True], ids=["self", "cross"])
+@pytest.mark.parametrize("normalize_before", [False, True], ids=["post_ln", "pre_ln"])
+@pytest.mark.parametrize("sdpa", [False, True], ids=["explicit", "sdpa"])
+def test_attention_block_gradcheck(cross, normalize_before, sdpa):
+    T, S, B, E, H = 3, 4, 2, 4, 2
+    x, memory, params = _attention_inputs(T, S, B, E, cross)
+    causal = not cross
+    mask = _mask(B, S if cross else T)
+    # SDPA's own dropout draws from torch's generator on every call: gradcheck needs p = 0 there.
+    attn_d = ops.NO_DROPOUT if sdpa else ops.draw(0.3, True, SEED, 1)
+    cfg = AttentionBlockConfig(H, (E // H) ** -0.5, causal, normalize_before, 1e-5, attn_d, ops.draw(0.2, True, SEED, 2),
+                               sdpa)
+    inputs = [x, memory] + params
+    inputs = [t.requires_grad_() if t is not None else None for t in inputs]
+
+    def f(x, memory, *ps):
+        return AttentionBlockFunction.apply(x, memory, mask, *ps, cfg)
+
+    assert torch.autograd.gradcheck(f, inputs)
+
+
+@pytest.mark.parametrize("normalize_before", [False, True], ids=["post_ln", "pre_ln"])
+@pytest.mark.parametrize("act", ["relu", "gelu", "gelu_tanh"])
+def test_feed_forward_block_gradcheck(normalize_before, act):
+    T, B, E, F = 3, 2, 4, 6
+    g = torch.Generator().manual_seed(1)
+    # relu's kink: keep pre-activations away from 0 so finite differences stay on one side
+    x = torch.randn(T, B, E, generator=g, dtype=torch.float64)
+    ps = [1 + 0.1 * torch.randn(E, generator=g, dtype=torch.float64), 0.1 * torch.randn(E, generator=g, dtype=torch.float64),
+          torch.randn(F, E, generator=g, dtype=torch.float64) / 2, 0.5 + torch.rand(F, generator=g, dtype=torch.float64),
+          torch.randn(E, F, generator=g, dtype=torch.float64) / 2, 0.1 * torch.randn(E, generator=g, dtype=torch.float64)]
+    cfg = FeedForwardBlockConfig(act, ops.draw(0.3, True, SEED, 3), ops.draw(0.2, True, SEED, 4), normalize_before,
+                                 1e-5)
+    inputs = [t.requires_grad_() for t in [x] + ps]
+    assert torch.autograd.gradcheck(lambda *a: FeedForwardBlockFunction.apply(*a, cfg), inputs)
+
+
+def _layer_pair(cls, seed=0, **kw):
+    torch.manual_seed(seed)
+    layer = cls(16, 4, 24, dropout=0.2, attention_dropout=0.3, activation_dropout=0.25, **kw)
+    with torch.no_grad():
+        for p in layer.parameters():
+            p.add_(0.1 * torch.randn_like(p))  # norms and biases away from their 1 / 0 initialisation
+    return layer
+
+
+def _run(layer, blocks, args, kwargs):
+    """Forward + backward through the blocks (True) or the per-op chain (False): (output, grads of
+    the inputs that require grad, then of every parameter)."""
+    layer._use_blocks = lambda x: blocks  # instance attribute: this layer only
+    args = [a.detach().clone().requires_grad_() if torch.is_tensor(a) and a.is_floating_point() else a for a in args]
+    layer.zero_grad()
+    out = layer(*args, **kwargs)
+    out = out[0] if isinstance(out, tuple) else out
+    out.backward(torch.randn(out.shape, generator=torch.Generator().manual_seed(5), dtype=out.dtype))
+    grads = [a.grad for a in args if torch.is_tensor(a) and a.requires_grad]
+    return out.detach(), grads + [p.grad for p in layer.parameters()]
+
+
+@pytest.mark.parametrize("normalize_before", [False, True], ids=["post_ln", "pre_ln"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("sdpa", ["never", "always"])
+def test_encoder_layer_blocks_match_per_op_chain(normalize_before, dtype, sdpa, monkeypatch):
+    monkeypatch.setattr(multihead_attention, "SDPA_MODE", sdpa)
+    layer = _layer_pair(LSTransformerEncoderLayer, normalize_before=normalize_before).to(dtype).train()
+    if sdpa == "always":  # SDPA draws its own masks: compare without attention dropout
+        layer.self_attn.dropout = 0.0
+    x = randn(7, 3, 16, dtype=dtype, seed=1)
+    mask = _mask(3, 7)
+    kwargs = dict(encoder_padding_mask=mask, dropout_seed=SEED, dropout_site=9)
+    y1, g1 = _run(layer, True, [x], kwargs)
+    y2, g2 = _run(layer, False, [x], kwargs)
+    assert_close(y1, y2)
+    for a, b in zip(g1, g2):
+        assert_close(a, b, scale=10)
+
+
+@pytest.mark.parametrize("normalize_before", [False, True], ids=["post_ln", "pre_ln"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_decoder_layer_blocks_match_per_op_chain(normalize_before, dtype):
+    layer = _layer_pair(LSTransformerDecoderLayer, normalize_before=normalize_before).to(dtype).train()
+    x = randn(5, 3, 16, dtype=dtype, seed=1)
+    enc = randn(6, 3, 16, dtype=dtype, seed=2)
+    kwargs = dict(encoder_padding_mask=_mask(3, 6), self_attn_padding_mask=_mask(3, 5), dropout_seed=SEED,
+                  dropout_site=17)
+    y1, g1 = _run(layer, True, [x, enc], kwargs)
+    y2, g2 = _run(layer, False, [x, enc], kwargs)
+    assert_close(y1, y2)
+    assert len(g1) == len(g2) == 2 + len(list(layer.parameters()))
+    for a, b in zip(g1, g2):
+        assert_close(a, b, scale=10)
+
+
+def test_blocks_follow_the_dropout_sites():
+    """Same seed and site: the same output; another site or seed: another mask."""
+    layer = _layer_pair(LSTransformerEncoderLayer).train()
+    x = randn(7, 3, 16, seed=1)
+    out = lambda seed, site: layer(x, dropout_seed=seed, dropout_site=site)  # noqa: E731
+    a = out(SEED, 1)
+    assert torch.equal(a, out(SEED, 1))
+    assert not torch.allclose(a, out(SEED, 9))
+    assert not torch.allclose(a, out(SEED + 1, 1))
+
+
+@pytest.mark.parametrize("device,dtype", [p for p in DEVICE_DTYPES if "cuda" in p.id])
+def test_blocks_match_per_op_chain_on_cuda(device, dtype):
+    layer = _layer_pair(LSTransformerDecoderLayer).to(device=device, dtype=dtype).train()
+    layer.self_attn.dropout = layer.encoder_attn.dropout = 0.0  # SDPA draws its own masks
+    x = randn(5, 3, 16, dtype=dtype, device=device, seed=1)
+    enc = randn(6, 3, 16, dtype=dtype, device=device, seed=2)
+    kwargs = dict(encoder_padding_mask=_mask(3, 6).to(device), self_attn_padding_mask=_mask(3, 5).to(device),
+                  dropout_seed=SEED, dropout_site=1)
+    y1, g1 = _run(layer, True, [x, enc], kwargs)
+    y2, g2 = _run(layer, False, [x, enc], kwargs)
+    assert_close(y1, y2, scale=4)
+    for a, b in zip(g1, g2):
+        assert_close(a, b, scale=20)
