@@ -22,7 +22,7 @@ from fairseq.incremental_decoding_utils import with_incremental_state
 
 from .. import ops
 from ..ops import _backend
-from ..ops.attention_block import _sdpa_mask, sdpa_supported
+from ..ops.blocks.attention import _sdpa_mask, sdpa_supported
 
 # When to use torch's fused scaled_dot_product_attention instead of the explicit
 # bmm -> ops.attention_softmax_dropout -> bmm path: "auto" = on CUDA only, "always", "never".

@@ -29,8 +29,7 @@ from torch import Tensor, nn
 
 from .. import ops
 from ..ops import _backend
-from ..ops.attention_block import AttentionBlockConfig, AttentionBlockFunction
-from ..ops.feed_forward_block import FeedForwardBlockConfig, FeedForwardBlockFunction
+from ..ops.blocks import AttentionBlockConfig, AttentionBlockFunction, FeedForwardBlockConfig, FeedForwardBlockFunction
 from ..ops.reference.dropout import ACTIVATIONS
 from .multihead_attention import IncrementalState, LSMultiheadAttention, use_sdpa
 
@@ -41,7 +40,7 @@ assert set(FAIRSEQ_ACTIVATIONS.values()) <= set(ACTIVATIONS)
 # Dropout sites per layer in the Philox stream of one forward pass (a decoder layer uses 6).
 SITES_PER_LAYER = 8
 
-_BLOCK_OPS = tuple(dict.fromkeys(ops.attention_block.OPS + ops.feed_forward_block.OPS))
+_BLOCK_OPS = tuple(dict.fromkeys(ops.blocks.attention.OPS + ops.blocks.feed_forward.OPS))
 # The dtypes the compiled kernels take, per device type (csrc/ops/utils.h check_float).
 _KERNEL_DTYPES = {"cpu": (torch.float32, torch.float64, torch.bfloat16),
                   "cuda": (torch.float32, torch.float16, torch.bfloat16)}
@@ -100,7 +99,7 @@ class _TransformerLayerBase(nn.Module):
         cfg = AttentionBlockConfig(
             attn.num_heads, attn.scaling, causal, self.normalize_before, ln.eps,
             _backend.draw(attn.dropout, attn.dropout_active, seed, site), self._draw(self.dropout, seed, site + 1),
-            use_sdpa(x) and ops.attention_block.sdpa_supported(causal, x.shape[0], Tk))
+            use_sdpa(x) and ops.blocks.attention.sdpa_supported(causal, x.shape[0], Tk))
         q, k, v, o = attn.q_proj, attn.k_proj, attn.v_proj, attn.out_proj
         return AttentionBlockFunction.apply(x, memory, key_padding_mask, ln.weight, ln.bias, q.weight, q.bias,
                                             k.weight, k.bias, v.weight, v.bias, o.weight, o.bias, cfg)

@@ -17,17 +17,6 @@ def _stat_dtype(dtype):
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-def _assert_targets_on_device(target: torch.Tensor, num_classes: int, ignore_index: int) -> None:
-    """CUDA: every target in [0, V) or == ignore_index, asserted on the device (torch._assert_async:
-    a failing batch aborts with a device-side assert at the next sync, the normal path never waits
-    for the GPU). On CPU the op's own check names the first bad target at no cost."""
-    if target.is_cuda and target.numel():
-        ok = target.eq(ignore_index) | (target.ge(0) & target.lt(num_classes))
-        torch._assert_async(ok.all(), f"label_smoothed_cross_entropy: a target is out of range for V = "
-                                      f"{num_classes} classes (must be in [0, {num_classes}) or equal ignore_index "
-                                      f"= {ignore_index})")
-
-
 class LabelSmoothedCrossEntropyFunction(torch.autograd.Function):
     """(logits [N, V], target [N] int64) -> (loss, nll) [N] fp32 (fp64 for fp64 logits).
     Saves logits (the caller's tensor, no copy) and the per-row logsumexp [N] only."""
@@ -63,7 +52,6 @@ def label_smoothed_cross_entropy(logits: torch.Tensor, target: torch.Tensor, eps
     """
     if not _backend.use_kernel(_FWD, logits.device.type):
         return reference.label_smoothed_cross_entropy(logits, target, epsilon, ignore_index)
-    _assert_targets_on_device(target, logits.shape[-1], ignore_index)
     if logits.dim() != 2:
         shape = target.shape
         loss, nll = LabelSmoothedCrossEntropyFunction.apply(logits.reshape(-1, logits.shape[-1]), target.reshape(-1),
@@ -185,7 +173,6 @@ def linear_label_smoothed_cross_entropy(hidden: torch.Tensor, weight: torch.Tens
                          f"hidden ({hidden.dtype}, {hidden.device})")
     if not _backend.use_kernel(_FWD, hidden.device.type):
         return reference.linear_label_smoothed_cross_entropy(hidden, weight, target, epsilon, ignore_index)
-    _assert_targets_on_device(target, weight.shape[0], ignore_index)
     return LinearLabelSmoothedCrossEntropyFunction.apply(hidden, weight, target, float(epsilon), int(ignore_index),
                                                          int(chunk_size))
 

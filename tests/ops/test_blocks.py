@@ -8,8 +8,8 @@ from support.tensors import DEVICE_DTYPES, assert_close, randn
 from fairseq_lightseq import ops
 from fairseq_lightseq.modules import LSTransformerDecoderLayer, LSTransformerEncoderLayer
 from fairseq_lightseq.modules import multihead_attention
-from fairseq_lightseq.ops import AttentionBlockConfig, AttentionBlockFunction, FeedForwardBlockConfig
-from fairseq_lightseq.ops import FeedForwardBlockFunction
+from fairseq_lightseq.ops.blocks import AttentionBlockConfig, AttentionBlockFunction, FeedForwardBlockConfig
+from fairseq_lightseq.ops.blocks import FeedForwardBlockFunction
 
 SEED = 987654321
 

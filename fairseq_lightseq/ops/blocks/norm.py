@@ -1,5 +1,5 @@
-"""The layer norm and residual ends of a one-node sublayer (ops/attention_block.py,
-ops/feed_forward_block.py), pre-LN or post-LN, in backward.
+"""The layer norm and residual ends of a one-node sublayer (ops/blocks/attention.py,
+ops/blocks/feed_forward.py), pre-LN or post-LN, in backward.
 
 pre-LN:  h = LN(x),  y = x + f(h)       post-LN:  h = x,  s = x + f(h),  y = LN(s)
 """

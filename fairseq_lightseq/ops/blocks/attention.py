@@ -25,8 +25,9 @@ from typing import NamedTuple, Optional
 import torch
 import torch.nn.functional as F
 
-from . import _backend, block_norm
-from ._backend import Dropout
+from .. import _backend
+from . import norm as block_norm
+from .._backend import Dropout
 
 
 class AttentionBlockConfig(NamedTuple):

@@ -2,7 +2,7 @@
 + dropout -> fc2 GEMM -> bias + dropout + residual -> [layer norm].
 
 One node, forward and backward each in one Python frame calling the GEMMs and
-`torch.ops.fairseq_lightseq.*` directly, for the reason given in ops/attention_block.py (host time
+`torch.ops.fairseq_lightseq.*` directly, for the reason given in ops/blocks/attention.py (host time
 per autograd node and Python call). Saved for backward: the block input, the fc1 output (the
 activation's input) and the layer norm statistics (post-LN: its input too). The activation output
 (the fc2 input, 4x the hidden size at the usual FFN width) is recomputed in backward by one
@@ -12,8 +12,9 @@ from typing import NamedTuple
 
 import torch
 
-from . import _backend, block_norm
-from ._backend import Dropout
+from .. import _backend
+from . import norm as block_norm
+from .._backend import Dropout
 
 
 class FeedForwardBlockConfig(NamedTuple):
