@@ -7,6 +7,7 @@ fairseq checkpoints contain for torch's weights_only loading (checkpoint_safety)
 from . import ops  # noqa: F401
 from . import checkpoint_safety  # noqa: F401
 from . import checkpoint_io  # noqa: F401  (clear errors for unreadable checkpoints, atomic copies)
+from . import clean_exit  # noqa: F401  (fairseq's data-buffer threads stopped before exit: no abort)
 from . import criterions  # noqa: F401
 from . import models  # noqa: F401
 from . import optim  # noqa: F401
