@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fairseq.incremental_decoding_utils import with_incremental_state
+from fairseq.modules import FairseqDropout
 
 from .. import ops
 
@@ -55,7 +56,8 @@ class LSMultiheadAttention(nn.Module):
         self.num_heads = num_heads
         self.head_dim = embed_dim // num_heads
         self.scaling = self.head_dim ** -0.5
-        self.dropout = dropout
+        # p and fairseq's inference switch (--retain-dropout), named as fairseq's MultiheadAttention's
+        self.dropout_module = FairseqDropout(dropout, module_name="MultiheadAttention")
         self.self_attention = self_attention
         self.encoder_decoder_attention = not self_attention
         # fairseq's order (k, v, q, out): the parameter order, which positional optimizer state in
@@ -151,7 +153,8 @@ class LSMultiheadAttention(nn.Module):
         """q: [B, H, Tq, hd]; k, v: [B, H, Tk, hd] -> ([Tq, B, E], weights [B, Tq, Tk] or None)."""
         B, H, Tq, hd = q.shape
         Tk = k.size(2)
-        p = self.dropout if self.training else 0.0
+        dropout_on = self.training or self.dropout_module.apply_during_inference
+        p = self.dropout_module.p if dropout_on else 0.0
         if not need_weights and _use_sdpa(q) and not (causal and key_padding_mask is not None) \
                 and not (causal and Tq != Tk and Tq != 1):
             # Fused attention: no [B, H, Tq, Tk] tensor in memory. A key padding mask becomes a boolean
@@ -163,7 +166,7 @@ class LSMultiheadAttention(nn.Module):
             return out.permute(2, 0, 1, 3).reshape(Tq, B, H * hd), None
         scores = torch.bmm(q.reshape(B * H, Tq, hd), k.reshape(B * H, Tk, hd).transpose(1, 2))
         probs = ops.attention_softmax_dropout(scores.view(B, H, Tq, Tk), key_padding_mask, causal,
-                                              self.scaling, p, self.training)
+                                              self.scaling, p, dropout_on)
         out = torch.bmm(probs.view(B * H, Tq, Tk), v.reshape(B * H, Tk, hd))
         weights = probs.detach().float().mean(dim=1).to(q.dtype) if need_weights else None
         return ops.merge_heads(out, H), weights

@@ -48,6 +48,12 @@ def _wrap_layer(layer, cfg):
     return fsdp_wrap(layer, min_num_params=min_params_to_wrap)
 
 
+def _dropout_on(module) -> bool:
+    """Whether the encoder's/decoder's embedding dropout applies: in training, or at inference once
+    fairseq-generate --retain-dropout enabled its FairseqDropout (FairseqDropout.forward's rule)."""
+    return module.training or module.dropout_module.apply_during_inference
+
+
 def _dropout(x: Tensor, p: float, training: bool) -> Tensor:
     return torch.nn.functional.dropout(x, p, training) if p > 0 else x
 
@@ -59,6 +65,7 @@ class LSTransformerEncoder(TransformerEncoderBase):
         if return_fc:
             raise ValueError("ls_transformer: the encoder does not return fc results (return_fc)")
         super().__init__(_cfg(cfg), dictionary, embed_tokens, return_fc=False)
+        self.dropout_module.module_name = "TransformerEncoder"  # fairseq's name, for --retain-dropout-modules
 
     def build_encoder_layer(self, cfg):
         layer = LSTransformerEncoderLayer(
@@ -77,14 +84,12 @@ class LSTransformerEncoder(TransformerEncoderBase):
             raise ValueError("ls_transformer: token_embeddings are not supported")
         encoder_padding_mask = src_tokens.eq(self.padding_idx)
         has_pads = bool(encoder_padding_mask.any())
-        p = self.dropout_module.p
+        p, on = self.dropout_module.p, _dropout_on(self)
         if self.layernorm_embedding is None:
-            x = embed_time_major(src_tokens, self.embed_tokens, self.embed_positions, self.embed_scale, p,
-                                 self.training)
+            x = embed_time_major(src_tokens, self.embed_tokens, self.embed_positions, self.embed_scale, p, on)
         else:
-            x = embed_time_major(src_tokens, self.embed_tokens, self.embed_positions, self.embed_scale, 0.0,
-                                 self.training)
-            x = _dropout(_layer_norm(self.layernorm_embedding, x), p, self.training)
+            x = embed_time_major(src_tokens, self.embed_tokens, self.embed_positions, self.embed_scale, 0.0, on)
+            x = _dropout(_layer_norm(self.layernorm_embedding, x), p, on)
             if has_pads:  # as fairseq: the embedding layer norm made the pad positions non-zero
                 x = x * (~encoder_padding_mask).t().unsqueeze(-1).to(x.dtype)
         layer_mask = encoder_padding_mask if has_pads else None
@@ -115,6 +120,7 @@ class LSTransformerDecoder(TransformerDecoderBase):
     def __init__(self, cfg, dictionary, embed_tokens, no_encoder_attn=False, output_projection=None):
         super().__init__(_cfg(cfg), dictionary, embed_tokens, no_encoder_attn=no_encoder_attn,
                          output_projection=output_projection)
+        self.dropout_module.module_name = "TransformerDecoder"  # fairseq's name, for --retain-dropout-modules
         if self.project_in_dim is not None:
             raise ValueError("ls_transformer: decoder embedding dim != --decoder-embed-dim is not supported")
 
@@ -151,12 +157,12 @@ class LSTransformerDecoder(TransformerDecoderBase):
             # fairseq: a generation step sits at position padding_idx + slen, whatever the padding
             tokens = prev_output_tokens[:, -1:]
             positions = torch.full_like(tokens, self.padding_idx + slen)
-        p = self.dropout_module.p
+        p, on = self.dropout_module.p, _dropout_on(self)
         p_embed = p if self.layernorm_embedding is None else 0.0
         x = embed_time_major(tokens, self.embed_tokens, self.embed_positions, self.embed_scale, p_embed,
-                             self.training, positions=positions, max_position=self.padding_idx + slen)
+                             on, positions=positions, max_position=self.padding_idx + slen)
         if self.layernorm_embedding is not None:
-            x = _dropout(_layer_norm(self.layernorm_embedding, x), p, self.training)
+            x = _dropout(_layer_norm(self.layernorm_embedding, x), p, on)
 
         self_attn_padding_mask: Optional[Tensor] = None
         pad = tokens.eq(self.padding_idx)

@@ -15,6 +15,8 @@ from typing import Optional
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from fairseq.modules import FairseqDropout
+
 from .. import ops
 from .multihead_attention import IncrementalState, LSMultiheadAttention
 
@@ -34,8 +36,11 @@ class _FeedForwardMixin:
                       attention_dropout: float, activation_dropout: float, activation_fn: str,
                       normalize_before: bool):
         self.embed_dim = embed_dim
-        self.dropout = dropout
-        self.activation_dropout = activation_dropout
+        # fairseq's FairseqDropout modules, under the names fairseq's layers give them: they hold p and
+        # the inference switch fairseq-generate --retain-dropout[-modules] sets (make_generation_fast_);
+        # the fused ops apply the dropout (see _on).
+        self.dropout_module = FairseqDropout(dropout, module_name=self.FAIRSEQ_NAME)
+        self.activation_dropout_module = FairseqDropout(activation_dropout, module_name=self.FAIRSEQ_NAME)
         self.activation = _check_activation(activation_fn)
         self.normalize_before = normalize_before
         self.self_attn = LSMultiheadAttention(embed_dim, num_heads, attention_dropout, self_attention=True)
@@ -50,20 +55,28 @@ class _FeedForwardMixin:
         residual = x
         if self.normalize_before:
             x = _layer_norm(self.final_layer_norm, x)
-        h = ops.bias_act_dropout(F.linear(x, self.fc1.weight), self.fc1.bias, self.activation_dropout,
-                                 self.activation, self.training)
-        x = ops.bias_dropout_residual(F.linear(h, self.fc2.weight), self.fc2.bias, residual, self.dropout,
-                                      self.training)
+        act_drop, drop = self.activation_dropout_module, self.dropout_module
+        h = ops.bias_act_dropout(F.linear(x, self.fc1.weight), self.fc1.bias, act_drop.p, self.activation,
+                                 _on(act_drop, self.training))
+        x = ops.bias_dropout_residual(F.linear(h, self.fc2.weight), self.fc2.bias, residual, drop.p,
+                                      _on(drop, self.training))
         if not self.normalize_before:
             x = _layer_norm(self.final_layer_norm, x)
         return x
 
     def _attn_residual(self, attn_out: Tensor, attn: LSMultiheadAttention, residual: Tensor,
                        ln: nn.LayerNorm) -> Tensor:
-        x = ops.bias_dropout_residual(attn_out, attn.out_proj.bias, residual, self.dropout, self.training)
+        x = ops.bias_dropout_residual(attn_out, attn.out_proj.bias, residual, self.dropout_module.p,
+                                      _on(self.dropout_module, self.training))
         if not self.normalize_before:
             x = _layer_norm(ln, x)
         return x
+
+
+def _on(dropout: FairseqDropout, training: bool) -> bool:
+    """Whether a dropout applies: in training, or at inference once --retain-dropout enabled it
+    (FairseqDropout.forward's rule)."""
+    return training or dropout.apply_during_inference
 
 
 def _check_activation(activation_fn: str) -> str:
@@ -75,6 +88,8 @@ def _check_activation(activation_fn: str) -> str:
 
 class LSTransformerEncoderLayer(_FeedForwardMixin, nn.Module):
     """One encoder layer. x: [T, B, E] (time-major, fairseq's layout), any float dtype the ops take."""
+
+    FAIRSEQ_NAME = "TransformerEncoderLayerBase"  # for --retain-dropout-modules
 
     def __init__(self, embed_dim: int, num_heads: int, ffn_dim: int, dropout: float = 0.1,
                  attention_dropout: float = 0.0, activation_dropout: float = 0.0,
@@ -104,6 +119,8 @@ class LSTransformerEncoderLayer(_FeedForwardMixin, nn.Module):
 
 class LSTransformerDecoderLayer(_FeedForwardMixin, nn.Module):
     """One decoder layer: causal self-attention, encoder-decoder attention, FFN. x: [T, B, E]."""
+
+    FAIRSEQ_NAME = "TransformerDecoderLayerBase"  # for --retain-dropout-modules
 
     def __init__(self, embed_dim: int, num_heads: int, ffn_dim: int, dropout: float = 0.1,
                  attention_dropout: float = 0.0, activation_dropout: float = 0.0,
