@@ -58,7 +58,7 @@ def bias_dropout_residual(x: torch.Tensor, bias: torch.Tensor, residual: torch.T
     if _backend.autocast_on(x):
         x, bias, residual = _backend.promote(x, bias.to(x.dtype), residual)
     p, seed = _draw(p, training)
-    if _backend.use_kernel("bias_dropout_residual_fwd", x.device.type):
+    if _backend.use_kernel("bias_dropout_residual_fwd", x.device.type, x.dtype):
         return BiasDropoutResidualFunction.apply(x, bias, residual, p, seed, 0)
     return reference.bias_dropout_residual(x, bias, residual, p, seed)
 
@@ -73,7 +73,7 @@ def bias_act_dropout(x: torch.Tensor, bias: torch.Tensor, p: float, act: str = "
     if act not in ACTIVATIONS:
         raise ValueError(f"bias_act_dropout: act must be one of {ACTIVATIONS}, got {act!r}")
     p, seed = _draw(p, training)
-    if _backend.use_kernel("bias_act_dropout_fwd", x.device.type):
+    if _backend.use_kernel("bias_act_dropout_fwd", x.device.type, x.dtype):
         return BiasActDropoutFunction.apply(x, bias, p, act, seed, 0)
     return reference.bias_act_dropout(x, bias, p, act, seed)
 

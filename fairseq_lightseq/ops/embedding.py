@@ -46,7 +46,7 @@ def embedding(tokens: torch.Tensor, weight: torch.Tensor, pos_weight: Optional[t
     (default: fairseq's make_positions; incremental decoding passes its own). Gradients flow to weight and
     pos_weight (if it requires grad). Token ids must be in [0, V) and positions in [0, P)."""
     p, seed = _draw(p, training)
-    if _backend.use_kernel("embedding_fwd", weight.device.type):
+    if _backend.use_kernel("embedding_fwd", weight.device.type, weight.dtype):
         if pos_weight is not None and positions is None:
             positions = reference.make_positions(tokens, padding_idx)
         return EmbeddingFunction.apply(tokens, weight, pos_weight, positions, padding_idx, float(scale), p, seed)

@@ -11,6 +11,7 @@ import subprocess
 import sys
 
 from support import ROOT
+from support.recipe import train_inner
 
 BIN = os.path.dirname(sys.executable)  # the venv's console scripts (fairseq-train, ...)
 USER_DIR = os.path.join(ROOT, "fairseq_lightseq")
@@ -76,3 +77,19 @@ def generate(d: str, path: str, *args, check=True):
 def convert(src: str, dst: str, to: str, cwd: str):
     """scripts/convert_checkpoint.py src dst --to {fairseq, lightseq}."""
     return run([sys.executable, CONVERT, src, dst, "--to", to], cwd)
+
+
+_CORPUS = {}
+
+
+def corpus_once(tmp_path_factory) -> str:
+    """The default corpus (300/20/40 pairs), preprocessed once per session for every e2e module that
+    uses it (a fixture imported into several modules would run once per module)."""
+    if "d" not in _CORPUS:
+        _CORPUS["d"] = make_corpus(str(tmp_path_factory.mktemp("cli_corpus")))
+    return _CORPUS["d"]
+
+
+def per_update(log):
+    """[(num_updates, loss, nll_loss, lr)] from --log-format json --log-interval 1 output."""
+    return [(int(r["num_updates"]), float(r["loss"]), float(r["nll_loss"]), float(r["lr"])) for r in train_inner(log)]
