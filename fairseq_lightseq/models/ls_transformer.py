@@ -2,7 +2,8 @@
 
 Same command-line arguments, architectures (`ls_<fairseq arch name>`, using fairseq's own arch
 functions, hence the same defaults) and state_dict as fairseq's `transformer`, so checkpoints
-interchange (scripts/convert_checkpoint.py only rewrites the recorded model/arch names).
+interchange (scripts/convert_checkpoint.py only rewrites the recorded names: model/arch, and the
+criterion and optimizer when those are switched too).
 """
 from fairseq.models import register_model, register_model_architecture
 from fairseq.models.transformer import TransformerModel
