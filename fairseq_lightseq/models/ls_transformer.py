@@ -13,10 +13,21 @@ from ..modules.transformer import LSTransformerDecoder, LSTransformerEncoder
 from ..modules.transformer_layer import ACTIVATIONS
 
 
+# Dropout probabilities the layers take; each must be in [0, 1] (checked at build, not by the first
+# forward's op). --relu-dropout is fairseq's old name for --activation-dropout.
+DROPOUT_OPTIONS = ("dropout", "attention_dropout", "activation_dropout", "relu_dropout")
+
+
 def check_supported(args) -> None:
-    """Raise ValueError naming the first fairseq option ls_transformer does not implement."""
+    """Raise ValueError naming the first fairseq option ls_transformer does not implement, or whose
+    value is out of range."""
     def get(name, default=None):
         return getattr(args, name, default)
+
+    for name in DROPOUT_OPTIONS:
+        p = get(name)
+        if p is not None and not 0.0 <= float(p) <= 1.0:
+            raise ValueError(f"ls_transformer: --{name.replace('_', '-')} must be in [0, 1], got {p}")
 
     unsupported = [
         ("--adaptive-softmax-cutoff", get("adaptive_softmax_cutoff") is not None),
