@@ -1,14 +1,29 @@
 #!/usr/bin/env python
-"""Convert a fairseq checkpoint between `ls_transformer*` and fairseq's `transformer*`.
+"""Convert a fairseq checkpoint between fairseq_lightseq's implementations and fairseq's own.
 
-    python scripts/convert_checkpoint.py IN.pt OUT.pt --to fairseq    # ls_transformer_X -> transformer_X
-    python scripts/convert_checkpoint.py IN.pt OUT.pt --to lightseq   # transformer_X -> ls_transformer_X
+    python scripts/convert_checkpoint.py IN.pt OUT.pt --to lightseq   # fairseq's -> ls_*
+    python scripts/convert_checkpoint.py IN.pt OUT.pt --to fairseq    # ls_* -> fairseq's
 
-The two models have identical state_dicts (same keys, shapes and meaning), so only the recorded
-model name and architecture change (`cfg.model._name`/`.arch`, and the old `args.arch`); model
-weights, optimizer state, lr scheduler, dataloader position and everything else are kept as they
-are. A converted checkpoint can be decoded or trained further with the other model
-(`--restore-file`); to `lightseq` it needs `--user-dir fairseq_lightseq` as usual.
+Three pairs of implementations share their state exactly, so only the names a checkpoint records
+change; model weights, optimizer state (Adam's step/exp_avg/exp_avg_sq per parameter, in the same
+parameter order, and fp16 loss scale), lr scheduler, num_updates, dataloader position and everything
+else are kept as they are:
+
+  model      transformer_X (arch)              <-> ls_transformer_X
+  criterion  label_smoothed_cross_entropy       <-> ls_label_smoothed_cross_entropy
+  optimizer  adam                               <-> ls_adam
+
+The names are rewritten where fairseq records them: `cfg.model` (`_name`, `arch`, and a legacy
+model's copies of `criterion`/`optimizer`), `cfg.criterion._name`, `cfg.optimizer._name`, the old
+`args`, and the class names in `optimizer_history` that `--restore-file` checks against the running
+criterion and optimizer (LabelSmoothedCrossEntropyCriterion/LsLabelSmoothedCrossEntropyCriterion,
+FairseqAdam/LSAdam; fp16 wrappers such as FP16Optimizer are the same for both). A run can therefore
+switch implementations mid-training: train natively, convert with --to lightseq, and continue with
+`--restore-file OUT.pt --arch ls_transformer_X --criterion ls_label_smoothed_cross_entropy
+--optimizer ls_adam` (no --reset-optimizer): num_updates, the lr schedule and the Adam moments carry
+on. `--parts` limits the conversion (e.g. `--parts model` to keep fairseq's adam with the ls model).
+A criterion or optimizer without a counterpart (e.g. nag) is left as it is. To `lightseq` the
+converted checkpoint needs `--user-dir fairseq_lightseq` as usual.
 """
 import argparse
 import os
@@ -18,10 +33,24 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from fairseq.criterions.label_smoothed_cross_entropy import LabelSmoothedCrossEntropyCriterion  # noqa: E402
+from fairseq.optim.adam import FairseqAdam  # noqa: E402
+
 from fairseq_lightseq import checkpoint_safety  # noqa: E402,F401  (torch.load of fairseq checkpoints)
+from fairseq_lightseq.criterions.ls_label_smoothed_cross_entropy import (  # noqa: E402
+    LsLabelSmoothedCrossEntropyCriterion,
+)
 from fairseq_lightseq.models.ls_transformer import ARCHITECTURES, check_supported  # noqa: E402
+from fairseq_lightseq.optim.ls_adam import LSAdam  # noqa: E402
 
 PREFIX = "ls_"
+PARTS = ("model", "criterion", "optimizer")
+# (fairseq's, ours): the registry name in cfg/args, the class name in optimizer_history.
+CRITERION = (("label_smoothed_cross_entropy", "ls_label_smoothed_cross_entropy"),
+             (LabelSmoothedCrossEntropyCriterion.__name__, LsLabelSmoothedCrossEntropyCriterion.__name__))
+OPTIMIZER = (("adam", "ls_adam"), (FairseqAdam.__name__, LSAdam.__name__))
+# Config fields ls_adam has and fairseq's adam has not (ls_adam only accepts their defaults).
+LS_ADAM_ONLY = ("amsgrad",)
 
 
 def convert_name(name: str, to: str) -> str:
@@ -38,6 +67,12 @@ def convert_name(name: str, to: str) -> str:
     raise ValueError(f"--to must be fairseq or lightseq, got {to!r}")
 
 
+def _swap(name, pair, to: str):
+    """The counterpart of `name` in `pair` (fairseq's, ours) for direction `to`; other names unchanged."""
+    src, dst = pair if to == "lightseq" else pair[::-1]
+    return dst if name == src else name
+
+
 def _get(obj, key):
     return obj.get(key) if hasattr(obj, "get") and not isinstance(obj, argparse.Namespace) else getattr(obj, key, None)
 
@@ -47,6 +82,16 @@ def _set(obj, key, value):
         setattr(obj, key, value)
     else:
         obj[key] = value
+
+
+def _rename(obj, key, pair, to: str, changes: list) -> None:
+    """obj[key] (or obj.key) -> its counterpart, when obj records it."""
+    old = _get(obj, key) if obj is not None else None
+    if isinstance(old, str):
+        new = _swap(old, pair, to)
+        if new != old:
+            _set(obj, key, new)
+            changes.append(f"{key} {old} -> {new}")
 
 
 def _convert_model_cfg(model_cfg, to: str) -> bool:
@@ -62,17 +107,43 @@ def _convert_model_cfg(model_cfg, to: str) -> bool:
     return changed
 
 
-def convert_state(state: dict, to: str) -> dict:
-    """Convert a loaded checkpoint dict in place and return it."""
-    changed = False
-    if state.get("args") is not None:
-        changed |= _convert_model_cfg(state["args"], to)
+def _drop_ls_adam_fields(optimizer_cfg) -> None:
+    """fairseq's adam config has no `amsgrad` field (ls_adam's only accepts False): drop it."""
+    for key in LS_ADAM_ONLY:
+        if isinstance(optimizer_cfg, argparse.Namespace):
+            optimizer_cfg.__dict__.pop(key, None)
+        elif optimizer_cfg is not None and key in optimizer_cfg:
+            del optimizer_cfg[key]
+
+
+def convert_state(state: dict, to: str, parts=PARTS) -> list:
+    """Convert a loaded checkpoint dict in place; returns the changes made (strings).
+    Raises ValueError when the model is to be converted and the checkpoint records no architecture."""
+    changes = []
     cfg = state.get("cfg")
-    if cfg is not None and _get(cfg, "model") is not None:
-        changed |= _convert_model_cfg(_get(cfg, "model"), to)
-    if not changed:
-        raise ValueError("checkpoint records no model architecture (no args.arch / cfg.model._name)")
-    return state
+    args = state.get("args")
+    model_cfg = _get(cfg, "model") if cfg is not None else None
+    if "model" in parts:
+        changed = False
+        for m in (args, model_cfg):
+            if m is not None:
+                old = _get(m, "arch") or _get(m, "_name")
+                if _convert_model_cfg(m, to):
+                    changed = True
+                    changes.append(f"arch {old} -> {_get(m, 'arch') or _get(m, '_name')}")
+        if not changed:
+            raise ValueError("checkpoint records no model architecture (no args.arch / cfg.model._name)")
+    for part, (names, classes) in (("criterion", CRITERION), ("optimizer", OPTIMIZER)):
+        if part not in parts:
+            continue
+        section = _get(cfg, part) if cfg is not None else None
+        for obj, key in ((args, part), (model_cfg, part), (section, "_name")):
+            _rename(obj, key, names, to, changes)
+        for entry in state.get("optimizer_history") or []:
+            _rename(entry, f"{part}_name", classes, to, changes)
+        if part == "optimizer" and to == "fairseq" and _get(section, "_name") == "adam":
+            _drop_ls_adam_fields(section)
+    return changes
 
 
 def main(argv=None):
@@ -80,13 +151,15 @@ def main(argv=None):
     parser.add_argument("input")
     parser.add_argument("output")
     parser.add_argument("--to", required=True, choices=["fairseq", "lightseq"])
+    parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS),
+                        help="what to convert (default: all three)")
     args = parser.parse_args(argv)
     state = torch.load(args.input, map_location="cpu")  # weights_only (torch's default): safe
-    convert_state(state, args.to)
+    changes = convert_state(state, args.to, args.parts)
     tmp = args.output + ".tmp"
     torch.save(state, tmp)
     os.replace(tmp, args.output)
-    print(f"wrote {args.output} ({args.to})")
+    print(f"wrote {args.output} ({args.to}): " + "; ".join(dict.fromkeys(changes)))
 
 
 if __name__ == "__main__":

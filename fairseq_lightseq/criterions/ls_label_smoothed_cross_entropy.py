@@ -23,6 +23,15 @@ class LsLabelSmoothedCrossEntropyCriterionConfig(LabelSmoothedCrossEntropyCriter
 
 @register_criterion("ls_label_smoothed_cross_entropy", dataclass=LsLabelSmoothedCrossEntropyCriterionConfig)
 class LsLabelSmoothedCrossEntropyCriterion(LabelSmoothedCrossEntropyCriterion):
+    def __init__(self, task, sentence_avg, label_smoothing, ignore_prefix_size=0, report_accuracy=False):
+        # Checked here, at build, rather than by the op at the first forward. 1 is excluded: the target
+        # would get weight 1 - eps - eps/(V-1) < 0.
+        if not 0.0 <= float(label_smoothing) < 1.0:
+            raise ValueError(f"ls_label_smoothed_cross_entropy: --label-smoothing must be in [0, 1), "
+                             f"got {label_smoothing}")
+        super().__init__(task, sentence_avg, label_smoothing, ignore_prefix_size=ignore_prefix_size,
+                         report_accuracy=report_accuracy)
+
     def _uses_fused_path(self, model):
         decoder = getattr(model, "decoder", None)
         return getattr(decoder, "adaptive_softmax", None) is None

@@ -2,7 +2,8 @@
 
 Same command-line arguments, architectures (`ls_<fairseq arch name>`, using fairseq's own arch
 functions, hence the same defaults) and state_dict as fairseq's `transformer`, so checkpoints
-interchange (scripts/convert_checkpoint.py only rewrites the recorded model/arch names).
+interchange (scripts/convert_checkpoint.py only rewrites the recorded names: model/arch, and the
+criterion and optimizer when those are switched too).
 """
 from fairseq.models import register_model, register_model_architecture
 from fairseq.models.transformer import TransformerModel
@@ -12,10 +13,21 @@ from ..modules.transformer import LSTransformerDecoder, LSTransformerEncoder
 from ..modules.transformer_layer import FAIRSEQ_ACTIVATIONS
 
 
+# Dropout probabilities the layers take; each must be in [0, 1] (checked at build, not by the first
+# forward's op). --relu-dropout is fairseq's old name for --activation-dropout.
+DROPOUT_OPTIONS = ("dropout", "attention_dropout", "activation_dropout", "relu_dropout")
+
+
 def check_supported(args) -> None:
-    """Raise ValueError naming the first fairseq option ls_transformer does not implement."""
+    """Raise ValueError naming the first fairseq option ls_transformer does not implement, or whose
+    value is out of range."""
     def get(name, default=None):
         return getattr(args, name, default)
+
+    for name in DROPOUT_OPTIONS:
+        p = get(name)
+        if p is not None and not 0.0 <= float(p) <= 1.0:
+            raise ValueError(f"ls_transformer: --{name.replace('_', '-')} must be in [0, 1], got {p}")
 
     unsupported = [
         ("--adaptive-softmax-cutoff", get("adaptive_softmax_cutoff") is not None),

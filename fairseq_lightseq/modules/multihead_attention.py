@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fairseq.incremental_decoding_utils import with_incremental_state
+from fairseq.modules import FairseqDropout
 
 from .. import ops
 from ..ops import _backend
@@ -58,7 +59,8 @@ class LSMultiheadAttention(nn.Module):
         self.num_heads = num_heads
         self.head_dim = embed_dim // num_heads
         self.scaling = self.head_dim ** -0.5
-        self.dropout = dropout
+        # p and fairseq's inference switch (--retain-dropout), named as fairseq's MultiheadAttention's
+        self.dropout_module = FairseqDropout(dropout, module_name="MultiheadAttention")
         self.self_attention = self_attention
         self.encoder_decoder_attention = not self_attention
         # fairseq's order (k, v, q, out): the parameter order, which positional optimizer state in
@@ -71,8 +73,9 @@ class LSMultiheadAttention(nn.Module):
 
     @property
     def dropout_active(self) -> bool:
-        """Whether attention dropout is applied (the one place that decides)."""
-        return self.training
+        """Whether attention dropout is applied (the one place that decides): in training, or at inference
+        once fairseq-generate --retain-dropout[-modules] switched on this module's FairseqDropout."""
+        return self.training or self.dropout_module.apply_during_inference
 
     def reset_parameters(self, qkv_same_dim: bool = True):
         """fairseq's initialisation: scaled xavier for the q/k/v weights when they share a dim, their
@@ -122,7 +125,7 @@ class LSMultiheadAttention(nn.Module):
         the mask of the new steps only, or None); causal: query i sees keys j <= i + Tk - Tq.
         incremental_state: fairseq's generation cache; self-attention appends the new keys/values,
         encoder-decoder attention projects the encoder output once and reuses it.
-        attn_dropout: the draw over the [B, H, Tq, Tk] probabilities (default: p = self.dropout with
+        attn_dropout: the draw over the [B, H, Tq, Tk] probabilities (default: p = self.dropout_module.p with
         a fresh seed when dropout is active).
         Returns (output projection WITHOUT out_proj.bias [Tq, B, E], attention weights averaged over
         heads [B, Tq, Tk] if need_weights else None).
@@ -155,7 +158,7 @@ class LSMultiheadAttention(nn.Module):
                 if incremental_state is not None:
                     self._set_input_buffer(incremental_state, {"prev_key": k, "prev_value": v})
         if attn_dropout is None:
-            attn_dropout = _backend.draw(self.dropout, self.dropout_active)
+            attn_dropout = _backend.draw(self.dropout_module.p, self.dropout_active)
         out, weights = self._attend(q, k, v, key_padding_mask, causal, need_weights, attn_dropout)
         return F.linear(out, self.out_proj.weight), weights
 

@@ -60,8 +60,10 @@ class _DropoutStreamMixin:
 
     @property
     def dropout_active(self) -> bool:
-        """Whether dropout is applied (the one place that decides, for the embedding and the seed)."""
-        return self.training
+        """Whether dropout is applied (the one place that decides, for the embedding and the seed): in
+        training, or at inference once fairseq-generate --retain-dropout[-modules] switched on this
+        module's FairseqDropout (FairseqDropout.forward's rule)."""
+        return self.training or self.dropout_module.apply_during_inference
 
     def _any_dropout(self, cfg) -> bool:
         return bool(cfg.dropout or cfg.attention_dropout or _activation_dropout(cfg))
@@ -78,6 +80,7 @@ class LSTransformerEncoder(_DropoutStreamMixin, TransformerEncoderBase):
             raise ValueError("ls_transformer: the encoder does not return fc results (return_fc)")
         super().__init__(_cfg(cfg), dictionary, embed_tokens, return_fc=False)
         self.uses_dropout = self._any_dropout(cfg)
+        self.dropout_module.module_name = "TransformerEncoder"  # fairseq's name, for --retain-dropout-modules
 
     def build_encoder_layer(self, cfg):
         layer = LSTransformerEncoderLayer(
@@ -137,6 +140,7 @@ class LSTransformerDecoder(_DropoutStreamMixin, TransformerDecoderBase):
         super().__init__(_cfg(cfg), dictionary, embed_tokens, no_encoder_attn=no_encoder_attn,
                          output_projection=output_projection)
         self.uses_dropout = self._any_dropout(cfg)
+        self.dropout_module.module_name = "TransformerDecoder"  # fairseq's name, for --retain-dropout-modules
         if self.project_in_dim is not None:
             raise ValueError("ls_transformer: decoder embedding dim != --decoder-embed-dim is not supported")
 

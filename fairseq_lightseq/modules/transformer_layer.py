@@ -27,6 +27,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from fairseq.modules import FairseqDropout
+
 from .. import ops
 from ..ops import _backend
 from ..ops.blocks import AttentionBlockConfig, AttentionBlockFunction, FeedForwardBlockConfig, FeedForwardBlockFunction
@@ -64,8 +66,11 @@ class _TransformerLayerBase(nn.Module):
     def _build_self_attention(self, embed_dim: int, num_heads: int, dropout: float, attention_dropout: float,
                               activation_dropout: float, activation_fn: str, normalize_before: bool):
         self.embed_dim = embed_dim
-        self.dropout = dropout
-        self.activation_dropout = activation_dropout
+        # fairseq's FairseqDropout modules, under the names fairseq's layers give them: they hold p and
+        # the inference switch fairseq-generate --retain-dropout[-modules] sets (make_generation_fast_);
+        # the fused ops apply the dropout (see dropout_active).
+        self.dropout_module = FairseqDropout(dropout, module_name=self.FAIRSEQ_NAME)
+        self.activation_dropout_module = FairseqDropout(activation_dropout, module_name=self.FAIRSEQ_NAME)
         self.activation = _check_activation(activation_fn)
         self.normalize_before = normalize_before
         self.self_attn = LSMultiheadAttention(embed_dim, num_heads, attention_dropout, self_attention=True)
@@ -78,8 +83,10 @@ class _TransformerLayerBase(nn.Module):
 
     @property
     def dropout_active(self) -> bool:
-        """Whether this layer's residual and activation dropout are applied (the one place that decides)."""
-        return self.training
+        """Whether this layer's residual and activation dropout are applied (the one place that decides):
+        in training, or at inference once fairseq-generate --retain-dropout[-modules] switched on its
+        FairseqDropout modules (FairseqDropout.forward's rule; both carry the layer's fairseq name)."""
+        return self.training or self.dropout_module.apply_during_inference
 
     def _draw(self, p: float, seed: Optional[int], site: int) -> ops.Dropout:
         return _backend.draw(p, self.dropout_active, seed, site)
@@ -98,7 +105,7 @@ class _TransformerLayerBase(nn.Module):
         Tk = x.shape[0] if memory is None else memory.shape[0]
         cfg = AttentionBlockConfig(
             attn.num_heads, attn.scaling, causal, self.normalize_before, ln.eps,
-            _backend.draw(attn.dropout, attn.dropout_active, seed, site), self._draw(self.dropout, seed, site + 1),
+            _backend.draw(attn.dropout_module.p, attn.dropout_active, seed, site), self._draw(self.dropout_module.p, seed, site + 1),
             use_sdpa(x) and ops.blocks.attention.sdpa_supported(causal, x.shape[0], Tk))
         q, k, v, o = attn.q_proj, attn.k_proj, attn.v_proj, attn.out_proj
         return AttentionBlockFunction.apply(x, memory, key_padding_mask, ln.weight, ln.bias, q.weight, q.bias,
@@ -106,8 +113,8 @@ class _TransformerLayerBase(nn.Module):
 
     def _ffn_block(self, x: Tensor, seed: Optional[int], site: int) -> Tensor:
         ln = self.final_layer_norm
-        cfg = FeedForwardBlockConfig(self.activation, self._draw(self.activation_dropout, seed, site),
-                                     self._draw(self.dropout, seed, site + 1), self.normalize_before, ln.eps)
+        cfg = FeedForwardBlockConfig(self.activation, self._draw(self.activation_dropout_module.p, seed, site),
+                                     self._draw(self.dropout_module.p, seed, site + 1), self.normalize_before, ln.eps)
         return FeedForwardBlockFunction.apply(x, ln.weight, ln.bias, self.fc1.weight, self.fc1.bias,
                                               self.fc2.weight, self.fc2.bias, cfg)
 
@@ -119,9 +126,9 @@ class _TransformerLayerBase(nn.Module):
         residual = x
         if self.normalize_before:
             x = _layer_norm(ln, x)
-        attn_out, weights = attn(x, attn_dropout=_backend.draw(attn.dropout, attn.dropout_active, seed, site),
+        attn_out, weights = attn(x, attn_dropout=_backend.draw(attn.dropout_module.p, attn.dropout_active, seed, site),
                                  **attn_kwargs)
-        x = ops.bias_dropout_residual(attn_out, attn.out_proj.bias, residual, self._draw(self.dropout, seed, site + 1))
+        x = ops.bias_dropout_residual(attn_out, attn.out_proj.bias, residual, self._draw(self.dropout_module.p, seed, site + 1))
         if not self.normalize_before:
             x = _layer_norm(ln, x)
         return x, weights
@@ -131,16 +138,16 @@ class _TransformerLayerBase(nn.Module):
         if self.normalize_before:
             x = _layer_norm(self.final_layer_norm, x)
         h = ops.bias_act_dropout(F.linear(x, self.fc1.weight), self.fc1.bias,
-                                 self._draw(self.activation_dropout, seed, site), self.activation)
+                                 self._draw(self.activation_dropout_module.p, seed, site), self.activation)
         x = ops.bias_dropout_residual(F.linear(h, self.fc2.weight), self.fc2.bias, residual,
-                                      self._draw(self.dropout, seed, site + 1))
+                                      self._draw(self.dropout_module.p, seed, site + 1))
         if not self.normalize_before:
             x = _layer_norm(self.final_layer_norm, x)
         return x
 
     def _seed(self, seed: Optional[int]) -> Optional[int]:
         """The forward's seed, or one drawn here when the layer is called on its own with dropout on."""
-        if seed is None and self.dropout_active and (self.dropout or self.activation_dropout or self.self_attn.dropout):
+        if seed is None and self.dropout_active and (self.dropout_module.p or self.activation_dropout_module.p or self.self_attn.dropout_module.p):
             seed = _backend.next_seed()
         return seed
 
@@ -154,6 +161,8 @@ def _check_activation(activation_fn: str) -> str:
 
 class LSTransformerEncoderLayer(_TransformerLayerBase):
     """One encoder layer. x: [T, B, E] (time-major, fairseq's layout), any float dtype the ops take."""
+
+    FAIRSEQ_NAME = "TransformerEncoderLayerBase"  # for --retain-dropout-modules
 
     def __init__(self, embed_dim: int, num_heads: int, ffn_dim: int, dropout: float = 0.1,
                  attention_dropout: float = 0.0, activation_dropout: float = 0.0,
@@ -188,6 +197,8 @@ class LSTransformerEncoderLayer(_TransformerLayerBase):
 
 class LSTransformerDecoderLayer(_TransformerLayerBase):
     """One decoder layer: causal self-attention, encoder-decoder attention, FFN. x: [T, B, E]."""
+
+    FAIRSEQ_NAME = "TransformerDecoderLayerBase"  # for --retain-dropout-modules
 
     def __init__(self, embed_dim: int, num_heads: int, ffn_dim: int, dropout: float = 0.1,
                  attention_dropout: float = 0.0, activation_dropout: float = 0.0,

@@ -45,8 +45,14 @@ def has_kernel(op: str, device_type: str) -> bool:
         return False
 
 
-def use_kernel(op: str, device_type: str) -> bool:
-    """True when `op` has a compiled kernel for this device; otherwise warns once and returns False."""
+def use_kernel(op: str, device_type: str, dtype: Optional[torch.dtype] = None) -> bool:
+    """True when `op` has a compiled kernel for this device (and `dtype`, the dtype of the op's main
+    input, when given); otherwise warns once and returns False. The CPU kernels take fp32, fp64 and
+    bf16: fp16 on the CPU (fairseq's --fp16 / --memory-efficient-fp16 with --cpu) runs the reference
+    ops, which compute in fp32 and return fp16."""
+    if dtype == torch.float16 and device_type == "cpu":
+        warn_once("cpu:float16", "no compiled CPU kernels for float16; using the reference ops (fp32 math)")
+        return False
     if has_kernel(op, device_type):
         return True
     if _C is None:

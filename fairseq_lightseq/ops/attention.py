@@ -41,7 +41,7 @@ def attention_softmax_dropout(scores: torch.Tensor, key_padding_mask: Optional[t
     keys j <= i + Tk - Tq; p: a Dropout draw over the flat [B, H, Tq, Tk] index, or a float (a fresh
     seed, offset 0). All-masked rows give zeros. Returns [B, H, Tq, Tk], scores' dtype."""
     d = _backend.as_dropout(p, training)
-    if _backend.use_kernel("attention_softmax_fwd", scores.device.type):
+    if _backend.use_kernel("attention_softmax_fwd", scores.device.type, scores.dtype):
         return AttentionSoftmaxDropoutFunction.apply(scores, key_padding_mask, causal, scale, *d)
     return reference.attention_softmax_dropout(scores, key_padding_mask, causal, scale, *d)
 
@@ -84,14 +84,14 @@ def qkv_bias_split(qkv: torch.Tensor, bias: torch.Tensor, num_heads: int):
     the bias takes qkv's dtype, as the projection's own bias would."""
     if _backend.autocast_on(qkv):
         bias = bias.to(qkv.dtype)
-    if _backend.use_kernel("qkv_bias_split", qkv.device.type):
+    if _backend.use_kernel("qkv_bias_split", qkv.device.type, qkv.dtype):
         return QkvBiasSplitFunction.apply(qkv, bias, num_heads)
     return reference.qkv_bias_split(qkv, bias, num_heads)
 
 
 def merge_heads(x: torch.Tensor, num_heads: int) -> torch.Tensor:
     """[B*heads, T, head_dim] -> [T, B, E]."""
-    if _backend.use_kernel("merge_heads", x.device.type):
+    if _backend.use_kernel("merge_heads", x.device.type, x.dtype):
         return MergeHeadsFunction.apply(x, num_heads)
     return reference.merge_heads(x, num_heads)
 

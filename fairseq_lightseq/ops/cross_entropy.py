@@ -50,7 +50,7 @@ def label_smoothed_cross_entropy(logits: torch.Tensor, target: torch.Tensor, eps
     Returns (loss, nll), each [N] (target's shape) float32 (float64 for float64 logits), zero at
     ignore_index. Math in fp32 whatever the logits dtype; the gradient has the logits' dtype.
     """
-    if not _backend.use_kernel(_FWD, logits.device.type):
+    if not _backend.use_kernel(_FWD, logits.device.type, logits.dtype):
         return reference.label_smoothed_cross_entropy(logits, target, epsilon, ignore_index)
     if logits.dim() != 2:
         shape = target.shape
@@ -171,7 +171,7 @@ def linear_label_smoothed_cross_entropy(hidden: torch.Tensor, weight: torch.Tens
     if hidden.dtype != weight.dtype or hidden.device != weight.device:
         raise ValueError(f"linear_label_smoothed_cross_entropy: weight ({weight.dtype}, {weight.device}) must match "
                          f"hidden ({hidden.dtype}, {hidden.device})")
-    if not _backend.use_kernel(_FWD, hidden.device.type):
+    if not _backend.use_kernel(_FWD, hidden.device.type, hidden.dtype):
         return reference.linear_label_smoothed_cross_entropy(hidden, weight, target, epsilon, ignore_index)
     return LinearLabelSmoothedCrossEntropyFunction.apply(hidden, weight, target, float(epsilon), int(ignore_index),
                                                          int(chunk_size))

@@ -57,7 +57,7 @@ def bias_dropout_residual(x: torch.Tensor, bias: torch.Tensor, residual: torch.T
     if _backend.autocast_on(x):
         x, bias, residual = _backend.promote(x, bias.to(x.dtype), residual)
     d = _backend.as_dropout(p, training)
-    if _backend.use_kernel("bias_dropout_residual_fwd", x.device.type):
+    if _backend.use_kernel("bias_dropout_residual_fwd", x.device.type, x.dtype):
         return BiasDropoutResidualFunction.apply(x, bias, residual, *d)
     return reference.bias_dropout_residual(x, bias, residual, *d)
 
@@ -72,7 +72,7 @@ def bias_act_dropout(x: torch.Tensor, bias: torch.Tensor, p: Union[float, Dropou
     if act not in ACTIVATIONS:
         raise ValueError(f"bias_act_dropout: act must be one of {ACTIVATIONS}, got {act!r}")
     d = _backend.as_dropout(p, training)
-    if _backend.use_kernel("bias_act_dropout_fwd", x.device.type):
+    if _backend.use_kernel("bias_act_dropout_fwd", x.device.type, x.dtype):
         return BiasActDropoutFunction.apply(x, bias, d.p, act, d.seed, d.offset)
     return reference.bias_act_dropout(x, bias, d.p, act, d.seed, d.offset)
 

@@ -47,7 +47,7 @@ def embedding(tokens: torch.Tensor, weight: torch.Tensor, pos_weight: Optional[t
     pos_weight (if it requires grad). Token ids must be in [0, V) and positions in [0, P).
     p: a Dropout draw over the flat [B, T, E] index, or a float (a fresh seed, offset 0)."""
     d = _backend.as_dropout(p, training)
-    if _backend.use_kernel("embedding_fwd", weight.device.type):
+    if _backend.use_kernel("embedding_fwd", weight.device.type, weight.dtype):
         if pos_weight is not None and positions is None:
             positions = reference.make_positions(tokens, padding_idx)
         return EmbeddingFunction.apply(tokens, weight, pos_weight, positions, padding_idx, float(scale), *d)

@@ -1,8 +1,12 @@
 """`--optimizer ls_adam`: fairseq's `adam` with one fused multi-tensor kernel per step.
 
 The numbers are fairseq's adam (fairseq/optim/adam.py, "AdamW-like" weight decay); the per-param
-state is exactly fairseq adam's (`step` int, `exp_avg`, `exp_avg_sq` fp32), so optimizer state in
-checkpoints interchanges between `adam` and `ls_adam` in both directions.
+state is exactly fairseq adam's (`step` int, `exp_avg`, `exp_avg_sq` fp32, same parameter order), so
+the optimizer state of a checkpoint serves either optimizer unchanged. fairseq's --restore-file
+also checks the optimizer's class name recorded in the checkpoint (FairseqAdam vs LSAdam):
+scripts/convert_checkpoint.py rewrites it (with the criterion's and the model's names), after which
+a run continues with the other optimizer, num_updates and lr schedule included; without the
+conversion only --reset-optimizer (which restarts them) gets past that check.
 """
 import logging
 from collections import defaultdict

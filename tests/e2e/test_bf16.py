@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from support import ROOT
-from support.cli import LS_STACK, NATIVE_STACK, USER_DIR, falls, losses, make_data_bin, run, train_args
+from support.cli import LS, NATIVE, USER_DIR, falls, losses, make_data_bin, run, train_args
 
 pytestmark = pytest.mark.e2e
 
@@ -36,12 +36,12 @@ def probe_train(data_bin, save_dir, stack, *extra, cpu=True):
 
 @pytest.fixture(scope="module")
 def ls_bf16(data_bin, tmp_path_factory):
-    return probe_train(data_bin, tmp_path_factory.mktemp("ls_bf16"), LS_STACK, *BF16)
+    return probe_train(data_bin, tmp_path_factory.mktemp("ls_bf16"), LS, *BF16)
 
 
 @pytest.mark.parametrize("stack", ["ls", "native"])
 def test_bf16_trains_in_bfloat16_on_cpu(data_bin, tmp_path, ls_bf16, stack):
-    log, probe = ls_bf16 if stack == "ls" else probe_train(data_bin, tmp_path, NATIVE_STACK, *BF16)
+    log, probe = ls_bf16 if stack == "ls" else probe_train(data_bin, tmp_path, NATIVE, *BF16)
     assert "training in bfloat16 on CPU" in log, log[-3000:]
     assert len(probe) == UPDATES
     assert all(r == {"params": ["torch.bfloat16"], "device": "cpu"} for r in probe), probe
@@ -52,7 +52,7 @@ def test_bf16_trains_in_bfloat16_on_cpu(data_bin, tmp_path, ls_bf16, stack):
 
 @pytest.mark.cuda
 def test_bf16_trains_in_bfloat16_on_cuda(data_bin, tmp_path):
-    log, probe = probe_train(data_bin, tmp_path, LS_STACK, *BF16, cpu=False)
+    log, probe = probe_train(data_bin, tmp_path, LS, *BF16, cpu=False)
     assert "training in bfloat16 on CUDA" in log, log[-3000:]
     assert all(r == {"params": ["torch.bfloat16"], "device": "cuda"} for r in probe), probe
     xs = losses(log)
@@ -79,6 +79,6 @@ def test_bf16_with_tpu_is_left_to_fairseq(data_bin, tmp_path):
 
 def test_bf16_without_plugin_is_fairseqs_tpu_path(data_bin, tmp_path):
     """The baseline this plugin fixes: fairseq's transformer with --bf16 and no --user-dir takes the TPU path."""
-    args = [a for a in train_args(data_bin, tmp_path, 2, stack=NATIVE_STACK) if a != USER_DIR and a != "--user-dir"]
+    args = [a for a in train_args(data_bin, tmp_path, 2, stack=NATIVE) if a != USER_DIR and a != "--user-dir"]
     rc, log = run(["fairseq-train", *args, "--bf16"], cwd=str(tmp_path), check=False)
     assert rc != 0 and "'tpu': True" in log and "xla_device" in log, log[-3000:]

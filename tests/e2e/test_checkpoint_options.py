@@ -22,7 +22,8 @@ import pytest
 import torch
 
 from support import ROOT
-from support.cli import LS_STACK, NATIVE_STACK, USER_DIR, make_data_bin, run, train_args, train_inner
+from support.cli import LS, NATIVE, USER_DIR, make_data_bin, run, train_args
+from support.recipe import train_inner
 
 pytestmark = pytest.mark.e2e
 
@@ -30,13 +31,13 @@ BLEU = ["--eval-bleu", "--eval-bleu-args", '{"beam": 1, "max_len_a": 1, "max_len
         "--best-checkpoint-metric", "bleu", "--maximize-best-checkpoint-metric",
         "--save-interval-updates", "2", "--validate-interval-updates", "2"]
 RUNS = {
-    "ls": (LS_STACK, 6, ["--store-ema", "--ema-decay", "0.9", "--ema-start-update", "1", "--update-freq", "2",
+    "ls": (LS, 6, ["--store-ema", "--ema-decay", "0.9", "--ema-start-update", "1", "--update-freq", "2",
                          "--keep-best-checkpoints", "2", "--patience", "10", "--lr-scheduler", "reduce_lr_on_plateau",
                          "--keep-interval-updates", "4"]),
-    "bf16": (NATIVE_STACK, 4, ["--bf16", "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "2"]),
-    "fp16": (NATIVE_STACK, 4, ["--fp16", "--fp16-no-flatten-grads", "--lr-scheduler", "polynomial_decay",
+    "bf16": (NATIVE, 4, ["--bf16", "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "2"]),
+    "fp16": (NATIVE, 4, ["--fp16", "--fp16-no-flatten-grads", "--lr-scheduler", "polynomial_decay",
                                "--total-num-update", "10"]),
-    "amp": (LS_STACK, 4, ["--amp", "--lr-scheduler", "cosine"]),
+    "amp": (LS, 4, ["--amp", "--lr-scheduler", "cosine"]),
 }
 # What the runs' checkpoints hold beyond torch's own allowlist (numpy 1 writes numpy.core.*): the
 # legacy `args`/`cfg.model` namespace and --eval-bleu's n-gram counts (numpy int64 arrays in the meters).

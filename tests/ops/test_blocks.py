@@ -101,7 +101,7 @@ def test_encoder_layer_blocks_match_per_op_chain(normalize_before, dtype, sdpa, 
     monkeypatch.setattr(multihead_attention, "SDPA_MODE", sdpa)
     layer = _layer_pair(LSTransformerEncoderLayer, normalize_before=normalize_before).to(dtype).train()
     if sdpa == "always":  # SDPA draws its own masks: compare without attention dropout
-        layer.self_attn.dropout = 0.0
+        layer.self_attn.dropout_module.p = 0.0
     x = randn(7, 3, 16, dtype=dtype, seed=1)
     mask = _mask(3, 7)
     kwargs = dict(encoder_padding_mask=mask, dropout_seed=SEED, dropout_site=9)
@@ -142,7 +142,7 @@ def test_blocks_follow_the_dropout_sites():
 @pytest.mark.parametrize("device,dtype", [p for p in DEVICE_DTYPES if "cuda" in p.id])
 def test_blocks_match_per_op_chain_on_cuda(device, dtype):
     layer = _layer_pair(LSTransformerDecoderLayer).to(device=device, dtype=dtype).train()
-    layer.self_attn.dropout = layer.encoder_attn.dropout = 0.0  # SDPA draws its own masks
+    layer.self_attn.dropout_module.p = layer.encoder_attn.dropout_module.p = 0.0  # SDPA draws its own masks
     x = randn(5, 3, 16, dtype=dtype, device=device, seed=1)
     enc = randn(6, 3, 16, dtype=dtype, device=device, seed=2)
     kwargs = dict(encoder_padding_mask=_mask(3, 6).to(device), self_attn_padding_mask=_mask(3, 5).to(device),

@@ -1,7 +1,12 @@
-"""fairseq's real command line on a tiny corpus, for the e2e tests of bf16, checkpoints and distributed
-training: console scripts of the running venv (fairseq-train, fairseq-generate, ...), a toy data-bin
-(the target is the source in upper case) and a 1-layer, width-32 model."""
-import json
+"""fairseq's real command line on tiny corpora, for the e2e tests: the running venv's console scripts
+(fairseq-train, fairseq-generate, ...), two toy data-bins and a 1-layer, width-32 model, so a run costs
+about the command's start-up time.
+
+* `make_data_bin`: 16 words, target = the source in upper case (bf16, checkpoints, distributed runs);
+* `make_corpus` / `corpus_once`: the corpus of the CLI defect reports, sentence pairs over a
+  three-word vocabulary (`z x y z y`), target = source.
+Both are preprocessed with a joined dictionary.
+"""
 import os
 import random
 import re
@@ -9,14 +14,19 @@ import subprocess
 import sys
 
 from support import ROOT
+from support.recipe import train_inner
 
 BIN = os.path.dirname(sys.executable)  # the venv's console scripts
 USER_DIR = os.path.join(ROOT, "fairseq_lightseq")
+CONVERT = os.path.join(ROOT, "scripts", "convert_checkpoint.py")
+
 TINY_MODEL = ["--encoder-layers", "1", "--decoder-layers", "1", "--encoder-embed-dim", "32",
               "--decoder-embed-dim", "32", "--encoder-ffn-embed-dim", "64", "--decoder-ffn-embed-dim", "64",
               "--encoder-attention-heads", "2", "--decoder-attention-heads", "2", "--share-all-embeddings"]
-LS_STACK = ["--arch", "ls_transformer", "--optimizer", "ls_adam", "--criterion", "ls_label_smoothed_cross_entropy"]
-NATIVE_STACK = ["--arch", "transformer", "--optimizer", "adam", "--criterion", "label_smoothed_cross_entropy"]
+TINY = TINY_MODEL + ["--cpu", "--num-workers", "0"]
+# The three implementations fairseq_lightseq registers, and fairseq's own.
+LS = ["--arch", "ls_transformer", "--criterion", "ls_label_smoothed_cross_entropy", "--optimizer", "ls_adam"]
+NATIVE = ["--arch", "transformer", "--criterion", "label_smoothed_cross_entropy", "--optimizer", "adam"]
 
 
 def env(**extra):
@@ -26,7 +36,7 @@ def env(**extra):
     return dict(e, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore", **extra)
 
 
-def run(cmd, cwd, timeout=300, check=True, **extra_env):
+def run(cmd, cwd, check=True, timeout=300, **extra_env):
     """Runs `cmd` (a console script name from BIN, or a full command); returns (returncode, stdout+stderr)."""
     if not os.path.isabs(cmd[0]) and os.path.exists(os.path.join(BIN, cmd[0])):
         cmd = [os.path.join(BIN, cmd[0]), *cmd[1:]]
@@ -37,24 +47,59 @@ def run(cmd, cwd, timeout=300, check=True, **extra_env):
     return r.returncode, out
 
 
-def make_data_bin(d, n_train=200, n_valid=16, n_test=12):
-    """Writes a toy parallel corpus into directory `d` and binarises it into d/bin (joined dictionary,
-    train/valid/test); returns the data-bin path."""
+def _write_pairs(d, sizes, sentence):
+    """{train,valid,test}.{src,tgt} in d, n pairs per split; sentence(rng) -> (source, target)."""
     rng = random.Random(0)
-    words = [f"w{i}" for i in range(16)]
-    for split, n in (("train", n_train), ("valid", n_valid), ("test", n_test)):
+    for split, n in sizes:
         with open(os.path.join(d, f"{split}.src"), "w") as fs, open(os.path.join(d, f"{split}.tgt"), "w") as ft:
             for _ in range(n):
-                s = rng.choices(words, k=rng.randint(3, 8))
-                fs.write(" ".join(s) + "\n")
-                ft.write(" ".join(w.upper() for w in s) + "\n")
+                s, t = sentence(rng)
+                fs.write(s + "\n")
+                ft.write(t + "\n")
+
+
+def _preprocess(d):
     run(["fairseq-preprocess", "--source-lang", "src", "--target-lang", "tgt", "--trainpref", "train",
          "--validpref", "valid", "--testpref", "test", "--destdir", "bin", "--joined-dictionary", "--workers", "1"],
         cwd=d)
     return os.path.join(d, "bin")
 
 
-def train_args(data_bin, save_dir, updates, stack=LS_STACK, dropout=0.0, max_tokens=400, cpu=True):
+def make_data_bin(d, n_train=200, n_valid=16, n_test=12):
+    """A toy corpus over 16 words (target = source in upper case) binarised into d/bin; returns d/bin."""
+    words = [f"w{i}" for i in range(16)]
+
+    def sentence(rng):
+        s = rng.choices(words, k=rng.randint(3, 8))
+        return " ".join(s), " ".join(w.upper() for w in s)
+
+    _write_pairs(d, (("train", n_train), ("valid", n_valid), ("test", n_test)), sentence)
+    return _preprocess(d)
+
+
+def make_corpus(d: str, n_train: int = 300, n_valid: int = 20, n_test: int = 40) -> str:
+    """The three-word corpus (3 to 8 words from {x, y, z}, target = source) preprocessed into d/bin; returns d."""
+    def sentence(rng):
+        s = " ".join(rng.choices("xyz", k=rng.randint(3, 8)))
+        return s, s
+
+    _write_pairs(d, (("train", n_train), ("valid", n_valid), ("test", n_test)), sentence)
+    _preprocess(d)
+    return d
+
+
+_CORPUS = {}
+
+
+def corpus_once(tmp_path_factory) -> str:
+    """The default three-word corpus, preprocessed once per session for every e2e module that uses it
+    (a fixture imported into several modules would run once per module)."""
+    if "d" not in _CORPUS:
+        _CORPUS["d"] = make_corpus(str(tmp_path_factory.mktemp("cli_corpus")))
+    return _CORPUS["d"]
+
+
+def train_args(data_bin, save_dir, updates, stack=LS, dropout=0.0, max_tokens=400, cpu=True):
     """fairseq-train arguments: tiny model, lr 0.005, label smoothing 0.1, json log every update, CPU
     (or the visible GPU with cpu=False)."""
     return [data_bin, "--user-dir", USER_DIR, *stack, *TINY_MODEL, "--dropout", str(dropout), "--lr", "0.005",
@@ -63,9 +108,29 @@ def train_args(data_bin, save_dir, updates, stack=LS_STACK, dropout=0.0, max_tok
             "--log-interval", "1"] + (["--cpu"] if cpu else [])
 
 
-def train_inner(log):
-    """fairseq's per-update json records (--log-format json --log-interval 1): [{num_updates, loss, ...}]."""
-    return [json.loads(m) for m in re.findall(r"\| train_inner \| (\{.*\})", log)]
+def train(d: str, *args, check=True, user_dir=True):
+    """fairseq-train bin TINY args in corpus directory d (with --user-dir fairseq_lightseq); returns
+    (returncode, log)."""
+    extra = ["--user-dir", USER_DIR] if user_dir else []
+    return run(["fairseq-train", "bin", *extra, *TINY, *args], d, check=check)
+
+
+def generate(d: str, path: str, *args, check=True):
+    """fairseq-generate bin --path path (test subset, beam 2, with --user-dir);
+    returns (returncode, log, {sentence id: (score, hypothesis)})."""
+    rc, out = run(["fairseq-generate", "bin", "--path", path, "--gen-subset", "test", "--beam", "2",
+                   "--batch-size", "64", "--cpu", "--user-dir", USER_DIR, *args], d, check=check)
+    hyps = {}
+    for line in out.splitlines():
+        m = re.match(r"^H-(\d+)\t(\S+)\t(.*)$", line)
+        if m:
+            hyps[int(m.group(1))] = (float(m.group(2)), m.group(3))
+    return rc, out, hyps
+
+
+def convert(src: str, dst: str, to: str, cwd: str):
+    """scripts/convert_checkpoint.py src dst --to {fairseq, lightseq}."""
+    return run([sys.executable, CONVERT, src, dst, "--to", to], cwd)
 
 
 def losses(log):
@@ -75,3 +140,8 @@ def losses(log):
 def falls(xs, by=0.5):
     """The mean of the last two values is at least `by` below the mean of the first two."""
     return sum(xs[-2:]) / 2 < sum(xs[:2]) / 2 - by
+
+
+def per_update(log):
+    """[(num_updates, loss, nll_loss, lr)] from --log-format json --log-interval 1 output."""
+    return [(int(r["num_updates"]), float(r["loss"]), float(r["nll_loss"]), float(r["lr"])) for r in train_inner(log)]

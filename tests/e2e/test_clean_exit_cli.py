@@ -1,0 +1,44 @@
+"""A fairseq run that succeeded exits 0, every time (fairseq_lightseq.clean_exit).
+
+fairseq's data-buffer thread (a daemon BackgroundConsumer) still collating a batch when Python
+finalises aborts the process with "terminate called without an active exception" (exit 134).
+`--max-valid-steps 0` with a validation set of 12 batches of 500 sentences leaves it collating on
+every run: without the plugin's exit hook fairseq-train aborts there every time (native fairseq
+too); the issue's own command (--disable-validation, --max-update 5 in epoch 3) hits it by timing.
+"""
+import pytest
+
+from support.cli import LS, NATIVE, generate, make_corpus, train
+
+pytestmark = pytest.mark.e2e
+
+COMMON = ["--lr", "5e-4", "--max-tokens", "2000"]
+# Stops validation after its first batch, with 11 more to collate (buffer 10): the thread is busy.
+BUSY_BUFFER = ["--max-update", "1", "--batch-size-valid", "500", "--max-valid-steps", "0"]
+ISSUE = ["--no-save", "--disable-validation", "--max-update", "5"]
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    return make_corpus(str(tmp_path_factory.mktemp("clean_exit")), n_valid=6000)
+
+
+def test_ten_consecutive_runs_exit_0(corpus):
+    d = corpus
+    runs = [
+        ("ls, busy buffer, save", lambda: train(d, *LS, *COMMON, *BUSY_BUFFER, "--save-dir", "ckpt",
+                                                "--no-epoch-checkpoints", check=False)),
+        ("issue command, transformer", lambda: train(d, *NATIVE, *COMMON, *ISSUE, check=False)),
+        ("issue command, ls", lambda: train(d, *LS, *COMMON, *ISSUE, check=False)),
+        ("transformer, busy buffer", lambda: train(d, *NATIVE, *COMMON, *BUSY_BUFFER, "--no-save", check=False)),
+        ("ls, busy buffer", lambda: train(d, *LS, *COMMON, *BUSY_BUFFER, "--no-save", check=False)),
+        ("transformer, busy buffer", lambda: train(d, *NATIVE, *COMMON, *BUSY_BUFFER, "--no-save", check=False)),
+        ("ls, busy buffer", lambda: train(d, *LS, *COMMON, *BUSY_BUFFER, "--no-save", check=False)),
+    ] + [("generate", lambda: generate(d, "ckpt/checkpoint_last.pt", check=False)[:2])] * 3
+    failures = []
+    for name, fn in runs:
+        rc, out = fn()
+        done = "done training" in out or "Generate test with beam=2" in out
+        if rc != 0 or not done or "terminate called" in out:
+            failures.append(f"{name}: exit {rc}\n{out[-1500:]}")
+    assert not failures, f"{len(failures)} of {len(runs)} runs failed:\n" + "\n".join(failures)

@@ -1,0 +1,93 @@
+"""scripts/convert_checkpoint.py rewrites the criterion and optimizer names everywhere a fairseq
+checkpoint records them (cfg sections, a legacy model's argparse copy, the old `args`, every
+optimizer_history entry), limited by --parts, and leaves names without a counterpart alone. The
+checkpoint is the shape fairseq-train writes for the legacy `transformer` model."""
+import argparse
+import os
+import sys
+
+import pytest
+
+from support import ROOT
+
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
+import convert_checkpoint  # noqa: E402
+
+
+def native_state(optimizer="adam", optimizer_class="FairseqAdam", wrapper=None):
+    """A checkpoint dict as fairseq-train saves it (weights and optimizer tensors left out)."""
+    model = argparse.Namespace(_name="transformer", arch="transformer", criterion="label_smoothed_cross_entropy",
+                               optimizer=optimizer, encoder_layers=1)
+    history = {"criterion_name": "LabelSmoothedCrossEntropyCriterion", "optimizer_name": wrapper or optimizer_class,
+               "lr_scheduler_state": {"best": None}, "num_updates": 20}
+    return {
+        "args": None,
+        "cfg": {"model": model,
+                "criterion": {"_name": "label_smoothed_cross_entropy", "label_smoothing": 0.1},
+                "optimizer": {"_name": optimizer, "adam_betas": [0.9, 0.98], "lr": [0.001]},
+                "optimization": {"lr": [0.001]}},
+        "optimizer_history": [dict(history, num_updates=10), history],
+        "last_optimizer_state": {"state": {}, "param_groups": []},
+    }
+
+
+def _names(state):
+    cfg, hist = state["cfg"], state["optimizer_history"]
+    return (cfg["model"].arch, cfg["model"].criterion, cfg["model"].optimizer, cfg["criterion"]["_name"],
+            cfg["optimizer"]["_name"], [(h["criterion_name"], h["optimizer_name"]) for h in hist])
+
+
+def test_to_lightseq_and_back_rewrites_every_record():
+    state = native_state()
+    changes = convert_checkpoint.convert_state(state, "lightseq")
+    assert _names(state) == ("ls_transformer", "ls_label_smoothed_cross_entropy", "ls_adam",
+                             "ls_label_smoothed_cross_entropy", "ls_adam",
+                             [("LsLabelSmoothedCrossEntropyCriterion", "LSAdam")] * 2)
+    assert "optimizer_name FairseqAdam -> LSAdam" in changes
+    state["cfg"]["optimizer"]["amsgrad"] = False  # what an ls_adam run records
+    convert_checkpoint.convert_state(state, "fairseq")
+    assert _names(state) == _names(native_state())
+    assert "amsgrad" not in state["cfg"]["optimizer"]  # fairseq's adam config has no such field
+    assert state["optimizer_history"][-1]["num_updates"] == 20
+
+
+def test_old_args_namespace_is_converted():
+    state = native_state()
+    state["args"] = argparse.Namespace(**vars(state["cfg"]["model"]))
+    convert_checkpoint.convert_state(state, "lightseq")
+    args = state["args"]
+    assert (args.arch, args.criterion, args.optimizer) == ("ls_transformer", "ls_label_smoothed_cross_entropy",
+                                                           "ls_adam")
+
+
+@pytest.mark.parametrize("parts", [["model"], ["model", "criterion"], ["optimizer"]])
+def test_parts_limit_the_conversion(parts):
+    state = native_state()
+    convert_checkpoint.convert_state(state, "lightseq", parts)
+    arch, crit, opt, crit_cfg, opt_cfg, hist = _names(state)
+    assert (arch == "ls_transformer") == ("model" in parts)
+    assert (crit == crit_cfg == "ls_label_smoothed_cross_entropy") == ("criterion" in parts)
+    assert (opt == opt_cfg == "ls_adam") == ("optimizer" in parts)
+    assert all((h[1] == "LSAdam") == ("optimizer" in parts) for h in hist)
+
+
+def test_names_without_counterpart_are_kept():
+    state = native_state(optimizer="nag", optimizer_class="FairseqNAG")
+    convert_checkpoint.convert_state(state, "lightseq")
+    assert state["cfg"]["optimizer"]["_name"] == "nag" and state["optimizer_history"][-1]["optimizer_name"] == "FairseqNAG"
+    state = native_state(wrapper="MemoryEfficientFP16Optimizer")  # --memory-efficient-fp16: same wrapper for both
+    convert_checkpoint.convert_state(state, "lightseq")
+    assert state["optimizer_history"][-1]["optimizer_name"] == "MemoryEfficientFP16Optimizer"
+    assert state["cfg"]["optimizer"]["_name"] == "ls_adam"
+
+
+def test_main_reports_the_changes(tmp_path, capsys):
+    import torch
+
+    src, dst = str(tmp_path / "native.pt"), str(tmp_path / "ls.pt")
+    torch.save(native_state(), src)
+    convert_checkpoint.main([src, dst, "--to", "lightseq", "--parts", "model", "optimizer"])
+    out = capsys.readouterr().out
+    assert "arch transformer -> ls_transformer" in out and "optimizer_name FairseqAdam -> LSAdam" in out
+    assert "criterion" not in out
+    assert torch.load(dst)["cfg"]["criterion"]["_name"] == "label_smoothed_cross_entropy"
