@@ -42,7 +42,7 @@ cuda-check:
 	  $(NVCC) -std=c++17 -O3 -Icsrc/include -gencode arch=compute_$$a,code=sm_$$a -c $$f -o /dev/null; \
 	done; done
 
-# The main job; `make demo DATA=../shared/data/multi30k` trains on a directory of raw parallel text.
+# The main job; `make demo DATA=DIR` trains on a directory of raw parallel text (e.g. Multi30k).
 demo: setup
 	$(PY) -m fairseq_lightseq.demo $(if $(DATA),--data $(DATA)) $(DEMO_ARGS)
 

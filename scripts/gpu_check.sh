@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The one GPU check (../shared/GPU.md): builds the CUDA extension for sm_90, runs the CUDA tests and
+# The one GPU check (docs/gpu_check.md): builds the CUDA extension for sm_90, runs the CUDA tests and
 # the benchmarks, and leaves a few files in OUT_DIR:
 #   report.md     each step's exit code and time, the test summary and every benchmark table
 #   logs.tgz      every log in full (build, pytest with tracebacks, junit xml, benchmark output)
@@ -8,7 +8,7 @@
 #   GPU_CHECK_ONLY="tests_cuda bench_ops_fp16" scripts/gpu_check.sh OUT_DIR   runs only those steps
 #   (after machine, wheels, build and info), for a short second run.
 # The report is rewritten after every step, so a run cut short still leaves what it got.
-# Expects fairseq & co as cp312 wheels in .whl/ (see GPU.md) when fairseq is not installed.
+# Expects fairseq & co as cp312 wheels in .whl/ (see docs/gpu_check.md) when fairseq is not installed.
 set -uo pipefail
 OUT_DIR=$(mkdir -p "${1:?usage: scripts/gpu_check.sh OUT_DIR}" && cd "$1" && pwd)
 cd "$(dirname "$0")/.."

@@ -3,7 +3,7 @@ ls_transformer with ls_label_smoothed_cross_entropy and ls_adam, fairseq-generat
 score it with sacreBLEU, print BLEU and training tokens/s.
 
     python -m fairseq_lightseq.demo                       # the embedded corpus (corpus.py)
-    python -m fairseq_lightseq.demo --data DIR            # raw parallel text, e.g. ../shared/data/multi30k
+    python -m fairseq_lightseq.demo --data DIR            # a directory of raw parallel text, e.g. Multi30k
     python -m fairseq_lightseq.demo --native              # the same with fairseq's transformer/criterion/adam
 
 DIR holds {train,valid|val,test*}.{SRC,TGT}[.gz]. Uses the GPU when there is one, else the CPU.
