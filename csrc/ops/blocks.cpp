@@ -8,6 +8,7 @@
 // plain CUDA. The autograd node stays the Python Function (ops/blocks/*.py), which saves what these return.
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/LegacyTypeDispatch.h>
 #include <torch/library.h>
 
 #include <tuple>
@@ -135,6 +136,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tenso
     const Tensor& bk, const Tensor& wv, const Tensor& bv, const Tensor& wo, const Tensor& bo, int64_t num_heads,
     double scale, bool causal, bool normalize_before, double eps, double attn_p, int64_t attn_seed,
     int64_t attn_offset, double p, int64_t seed, int64_t offset) {
+  // These ops run inside an autograd Function: the ATen calls below skip the autograd layers.
+  const at::AutoDispatchBelowADInplaceOrView below_autograd;
   TORCH_CHECK(x.dim() == 3, "attention_block_fwd: x must be [T, B, E], got ", x.sizes());
   const int64_t Tq = x.size(0), B = x.size(1), E = x.size(2), H = num_heads;
   TORCH_CHECK(H > 0 && E % H == 0, "attention_block_fwd: num_heads = ", H, " must divide E = ", E);
@@ -171,6 +174,8 @@ attention_block_bwd(const Tensor& dy, const Tensor& x, const std::optional<Tenso
                     const Tensor& k, const Tensor& v, const Tensor& y, const Tensor& dropped, int64_t num_heads,
                     double scale, bool normalize_before, double eps, double attn_p, int64_t attn_seed,
                     int64_t attn_offset, double p, int64_t seed, int64_t offset) {
+  // These ops run inside an autograd Function: the ATen calls below skip the autograd layers.
+  const at::AutoDispatchBelowADInplaceOrView below_autograd;
   const int64_t Tq = x.size(0), B = x.size(1), E = x.size(2), H = num_heads, hd = E / H;
   Tensor ds, dln_w, dln_b, dout, dbo;
   const Tensor h = norm_bwd_start(dy, x, s.has_value() ? *s : Tensor(), ln_weight, ln_bias, mean, rstd,
@@ -220,6 +225,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> ffn_block_fwd(
     const Tensor& x, const Tensor& ln_weight, const Tensor& ln_bias, const Tensor& w1, const Tensor& b1,
     const Tensor& w2, const Tensor& b2, c10::string_view act, bool normalize_before, double eps, double act_p,
     int64_t act_seed, int64_t act_offset, double p, int64_t seed, int64_t offset) {
+  // These ops run inside an autograd Function: the ATen calls below skip the autograd layers.
+  const at::AutoDispatchBelowADInplaceOrView below_autograd;
   TORCH_CHECK(x.dim() == 3, "ffn_block_fwd: x must be [T, B, E], got ", x.sizes());
   const int64_t T = x.size(0), B = x.size(1), E = x.size(2);
   Tensor mean, rstd, s;
@@ -236,6 +243,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> ffn_block_bwd
     const Tensor& b1, const Tensor& w2, const Tensor& pre, const std::optional<Tensor>& s, const Tensor& mean,
     const Tensor& rstd, c10::string_view act, bool normalize_before, double eps, double act_p, int64_t act_seed,
     int64_t act_offset, double p, int64_t seed, int64_t offset) {
+  // These ops run inside an autograd Function: the ATen calls below skip the autograd layers.
+  const at::AutoDispatchBelowADInplaceOrView below_autograd;
   const int64_t T = x.size(0), B = x.size(1), E = x.size(2);
   Tensor ds, dln_w, dln_b, dout, db2, dpre, db1;
   const Tensor h = norm_bwd_start(dy, x, s.has_value() ? *s : Tensor(), ln_weight, ln_bias, mean, rstd,
