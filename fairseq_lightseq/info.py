@@ -28,9 +28,11 @@ def public_ops():
 
 
 def registered_ops():
-    """Names (without namespace) of every op the compiled library registered; empty when it is not loaded."""
+    """Names (without namespace) of every op the compiled library registered, but the sublayer blocks'
+    (compositions of the others, ops.blocks.COMPILED_OPS); empty when it is not loaded."""
     prefix = _backend.NAMESPACE + "::"
-    return sorted(name[len(prefix):] for name in torch._C._dispatch_get_all_op_names() if name.startswith(prefix))
+    return sorted(name[len(prefix):] for name in torch._C._dispatch_get_all_op_names()
+                  if name.startswith(prefix) and name[len(prefix):] not in _ops.blocks.COMPILED_OPS)
 
 
 def family(op: str) -> str:

@@ -152,3 +152,30 @@ def test_blocks_match_per_op_chain_on_cuda(device, dtype):
     assert_close(y1, y2, scale=4)
     for a, b in zip(g1, g2):
         assert_close(a, b, scale=20)
+
+
+def test_explicit_blocks_run_their_compiled_ops(monkeypatch):
+    """The equality tests above check the compiled block ops (csrc/ops/blocks.cpp): the explicit
+    attention and the FFN run forward and backward as those ops, and the kernels inside them do not
+    reach Python."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Record(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.names = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.names.append(func.__name__.split(".")[0])
+            return func(*args, **(kwargs or {}))
+
+    monkeypatch.setattr(multihead_attention, "SDPA_MODE", "never")
+    layer = _layer_pair(LSTransformerDecoderLayer).train()
+    x = randn(5, 3, 16, seed=1).requires_grad_()
+    enc = randn(6, 3, 16, seed=2).requires_grad_()
+    with Record() as rec:
+        layer(x, enc, encoder_padding_mask=_mask(3, 6), dropout_seed=SEED)[0].sum().backward()
+    calls = [n for n in rec.names if n.endswith(("_block_fwd", "_block_bwd"))]
+    assert sorted(calls) == sorted(["attention_block_fwd"] * 2 + ["attention_block_bwd"] * 2 + ["ffn_block_fwd",
+                                                                                               "ffn_block_bwd"])
+    assert not {"attention_softmax_fwd", "layer_norm_fwd", "mm", "bmm"} & set(rec.names)

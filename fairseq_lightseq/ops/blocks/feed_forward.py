@@ -1,9 +1,9 @@
 """A whole feed-forward sublayer as ONE autograd node: [layer norm] -> fc1 GEMM -> bias + activation
 + dropout -> fc2 GEMM -> bias + dropout + residual -> [layer norm].
 
-One node, forward and backward each in one Python frame calling the GEMMs and
-`torch.ops.fairseq_lightseq.*` directly, for the reason given in ops/blocks/attention.py (host time
-per autograd node and Python call). Saved for backward: the block input, the fc1 output (the
+One node whose forward and backward are one compiled op each (`ffn_block_fwd`/`ffn_block_bwd`,
+csrc/ops/blocks.cpp: the GEMMs and the fused ops called from C++), for the reason given in
+ops/blocks/attention.py (host time per autograd node and per Python tensor call). Saved for backward: the block input, the fc1 output (the
 activation's input) and the layer norm statistics (post-LN: its input too). The activation output
 (the fc2 input, 4x the hidden size at the usual FFN width) is recomputed in backward by one
 memory-bound kernel instead of being stored, and a pre-LN block recomputes its normalised input.
@@ -13,7 +13,6 @@ from typing import NamedTuple
 import torch
 
 from .. import _backend
-from . import norm as block_norm
 from .._backend import Dropout
 
 
@@ -39,39 +38,17 @@ class FeedForwardBlockFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, ln_weight, ln_bias, w1, b1, w2, b2, cfg):
-        ops = _backend.ops()
-        T, B, E = x.shape
-        h, mean, rstd = block_norm.forward_start(ops, x, ln_weight, ln_bias, cfg.normalize_before, cfg.eps)
-        pre = torch.mm(h.view(T * B, E), w1.t())  # [T*B, F]
-        act = ops.bias_act_dropout_fwd(pre, b1, cfg.act_dropout.p, cfg.act, cfg.act_dropout.seed,
-                                       cfg.act_dropout.offset)
-        out = torch.mm(act, w2.t()).view(T, B, E)
-        del act
-        y, s, mean, rstd = block_norm.forward_end(ops, out, b2, x, cfg.dropout, ln_weight, ln_bias, mean, rstd,
-                                                  cfg.normalize_before, cfg.eps)
+        a, d = cfg.act_dropout, cfg.dropout
+        y, pre, s, mean, rstd = _backend.ops().ffn_block_fwd(x, ln_weight, ln_bias, w1, b1, w2, b2, cfg.act,
+                                                             cfg.normalize_before, cfg.eps, a.p, a.seed, a.offset,
+                                                             d.p, d.seed, d.offset)
         ctx.save_for_backward(x, ln_weight, ln_bias, w1, b1, w2, pre, s, mean, rstd)
         ctx.cfg = cfg
         return y
 
     @staticmethod
     def backward(ctx, dy):
-        ops = _backend.ops()
         cfg = ctx.cfg
-        x, ln_weight, ln_bias, w1, b1, w2, pre, s, mean, rstd = ctx.saved_tensors
-        T, B, E = x.shape
-        ds, h, dln_w, dln_b = block_norm.backward_start(ops, dy, x, s, ln_weight, ln_bias, mean, rstd,
-                                                        cfg.normalize_before, cfg.eps)
-        dout, db2 = ops.bias_dropout_residual_bwd(ds, *cfg.dropout)
-        dout2 = dout.view(T * B, E)
-        d = cfg.act_dropout
-        act = ops.bias_act_dropout_fwd(pre, b1, d.p, cfg.act, d.seed, d.offset)  # recomputed, not saved
-        dw2 = torch.mm(dout2.t(), act)
-        del act
-        dpre, db1 = ops.bias_act_dropout_bwd(torch.mm(dout2, w2), pre, b1, d.p, cfg.act, d.seed, d.offset)
-        h2 = h.view(T * B, E)
-        dw1 = torch.mm(dpre.t(), h2)
-        dh = torch.mm(dpre, w1).view(T, B, E)
-        del dpre
-        dx, dln_w, dln_b = block_norm.backward_end(ops, ds, dh, x, ln_weight, mean, rstd, cfg.normalize_before,
-                                                   dln_w, dln_b)
-        return dx, dln_w, dln_b, dw1, db1, dw2, db2, None
+        a, d = cfg.act_dropout, cfg.dropout
+        return (*_backend.ops().ffn_block_bwd(dy, *ctx.saved_tensors, cfg.act, cfg.normalize_before, cfg.eps, a.p,
+                                              a.seed, a.offset, d.p, d.seed, d.offset), None)

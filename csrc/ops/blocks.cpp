@@ -1,0 +1,312 @@
+// The sublayer blocks' forward and backward sequences (fairseq_lightseq/ops/blocks/) as ops of their own:
+// attention_block_fwd/_bwd (explicit attention: bmm -> fused softmax + dropout -> bmm) and
+// ffn_block_fwd/_bwd. Why in C++: each block runs ~15 tensor calls per direction, and from Python each
+// costs a Python binding (a custom op's boxed call ~5 us, a view or GEMM ~1-3 us) before any work; the
+// host path decides a step's speed on a GPU. Here the GEMMs and views are ATen calls and the fused ops are
+// reached through the dispatcher's typed handles (no boxing), so the blocks are device-agnostic
+// (CompositeExplicitAutograd: whatever device the fused ops have kernels for) and the CUDA sources stay
+// plain CUDA. The autograd node stays the Python Function (ops/blocks/*.py), which saves what these return.
+#include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/LegacyTypeDispatch.h>
+#include <torch/library.h>
+
+#include <tuple>
+
+namespace fls {
+namespace {
+
+using at::Tensor;
+using Tensor3 = std::tuple<Tensor, Tensor, Tensor>;
+using Tensor2 = std::tuple<Tensor, Tensor>;
+
+// A typed handle of one of the library's ops, looked up once per call site (the macro's static).
+#define FLS_OP(var, name, Sig) \
+  static const auto var = c10::Dispatcher::singleton().findSchemaOrThrow("fairseq_lightseq::" name, "").typed<Sig>()
+
+Tensor3 ln_fwd(const Tensor& x, const Tensor& w, const Tensor& b, double eps) {
+  FLS_OP(h, "layer_norm_fwd", Tensor3(const Tensor&, const Tensor&, const Tensor&, double));
+  return h.call(x, w, b, eps);
+}
+Tensor3 ln_bwd(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd) {
+  FLS_OP(h, "layer_norm_bwd", Tensor3(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&));
+  return h.call(dy, x, w, mean, rstd);
+}
+Tensor bdr_fwd(const Tensor& x, const Tensor& bias, const Tensor& res, double p, int64_t seed, int64_t off) {
+  FLS_OP(h, "bias_dropout_residual_fwd", Tensor(const Tensor&, const Tensor&, const Tensor&, double, int64_t, int64_t));
+  return h.call(x, bias, res, p, seed, off);
+}
+Tensor2 bdr_bwd(const Tensor& dy, double p, int64_t seed, int64_t off) {
+  FLS_OP(h, "bias_dropout_residual_bwd", Tensor2(const Tensor&, double, int64_t, int64_t));
+  return h.call(dy, p, seed, off);
+}
+Tensor bad_fwd(const Tensor& x, const Tensor& bias, double p, c10::string_view act, int64_t seed, int64_t off) {
+  FLS_OP(h, "bias_act_dropout_fwd", Tensor(const Tensor&, const Tensor&, double, c10::string_view, int64_t, int64_t));
+  return h.call(x, bias, p, act, seed, off);
+}
+Tensor2 bad_bwd(const Tensor& dy, const Tensor& x, const Tensor& bias, double p, c10::string_view act, int64_t seed,
+                int64_t off) {
+  FLS_OP(h, "bias_act_dropout_bwd",
+         Tensor2(const Tensor&, const Tensor&, const Tensor&, double, c10::string_view, int64_t, int64_t));
+  return h.call(dy, x, bias, p, act, seed, off);
+}
+Tensor2 softmax_fwd(const Tensor& scores, const std::optional<Tensor>& kpm, bool causal, double scale, double p,
+                    int64_t seed, int64_t off) {
+  FLS_OP(h, "attention_softmax_fwd",
+         Tensor2(const Tensor&, const std::optional<Tensor>&, bool, double, double, int64_t, int64_t));
+  return h.call(scores, kpm, causal, scale, p, seed, off);
+}
+Tensor softmax_bwd(const Tensor& dout, const Tensor& y, double scale, double p, int64_t seed, int64_t off) {
+  FLS_OP(h, "attention_softmax_bwd", Tensor(const Tensor&, const Tensor&, double, double, int64_t, int64_t));
+  return h.call(dout, y, scale, p, seed, off);
+}
+Tensor3 qkv_split(const Tensor& qkv, const Tensor& bias, int64_t heads) {
+  FLS_OP(h, "qkv_bias_split", Tensor3(const Tensor&, const Tensor&, int64_t));
+  return h.call(qkv, bias, heads);
+}
+Tensor2 qkv_split_bwd(const Tensor& dq, const Tensor& dk, const Tensor& dv, int64_t heads) {
+  FLS_OP(h, "qkv_bias_split_bwd", Tensor2(const Tensor&, const Tensor&, const Tensor&, int64_t));
+  return h.call(dq, dk, dv, heads);
+}
+Tensor merge(const Tensor& x, int64_t heads) {
+  FLS_OP(h, "merge_heads", Tensor(const Tensor&, int64_t));
+  return h.call(x, heads);
+}
+
+// [T, B, E] (unit last stride) -> contiguous [B*H, T, hd].
+Tensor to_heads(const Tensor& t, int64_t H) {
+  return t.reshape({t.size(0), t.size(1) * H, t.size(2) / H}).transpose(0, 1).contiguous();
+}
+
+// [B*H, T, hd] -> [T*B, E] (a copy), the layout of the GEMM that made the heads.
+Tensor from_heads(const Tensor& t, int64_t H) {
+  return t.transpose(0, 1).reshape({t.size(1) * t.size(0) / H, H * t.size(2)});
+}
+
+// The norm at the block's start: h = LN(x) for pre-LN (mean, rstd set), else x.
+Tensor norm_start(const Tensor& x, const Tensor& w, const Tensor& b, bool pre_ln, double eps, Tensor& mean,
+                  Tensor& rstd) {
+  if (!pre_ln) return x;
+  Tensor h;
+  std::tie(h, mean, rstd) = ln_fwd(x, w, b, eps);
+  return h;
+}
+
+// The residual end: s = x + dropout(out + bias); y = s (pre-LN) or LN(s) (post-LN: s kept for backward,
+// mean/rstd replaced by its statistics). Returns y; `saved_s` is s for post-LN, undefined for pre-LN.
+Tensor norm_end(const Tensor& out, const Tensor& bias, const Tensor& x, double p, int64_t seed, int64_t off,
+                const Tensor& w, const Tensor& b, bool pre_ln, double eps, Tensor& saved_s, Tensor& mean,
+                Tensor& rstd) {
+  Tensor s = bdr_fwd(out, bias, x, p, seed, off);
+  if (pre_ln) return s;
+  Tensor y;
+  std::tie(y, mean, rstd) = ln_fwd(s, w, b, eps);
+  saved_s = s;
+  return y;
+}
+
+// Backward through the post-LN norm (dy -> ds, the norm's grads) or, for pre-LN, ds = dy and the
+// recomputed h = LN(x). Returns h.
+Tensor norm_bwd_start(const Tensor& dy, const Tensor& x, const Tensor& s, const Tensor& w, const Tensor& b,
+                      const Tensor& mean, const Tensor& rstd, bool pre_ln, double eps, Tensor& ds, Tensor& dw,
+                      Tensor& db) {
+  if (pre_ln) {
+    ds = dy;
+    return std::get<0>(ln_fwd(x, w, b, eps));
+  }
+  std::tie(ds, dw, db) = ln_bwd(dy, s, w, mean, rstd);
+  return x;
+}
+
+// dx = ds + dh taken back through the pre-LN norm (which sets dw, db) or as is (post-LN).
+Tensor norm_bwd_end(const Tensor& ds, const Tensor& dh, const Tensor& x, const Tensor& w, const Tensor& mean,
+                    const Tensor& rstd, bool pre_ln, Tensor& dw, Tensor& db) {
+  if (!pre_ln) return ds + dh;
+  Tensor dhx;
+  std::tie(dhx, dw, db) = ln_bwd(dh, x, w, mean, rstd);
+  return ds + dhx;
+}
+
+// The scores' gradient [B*H, Tq, Tk] from the probabilities' gradient dprobs [B*H, Tq, Tk] (y: the
+// softmax output [B, H, Tq, Tk], dropped: the dropped probabilities as [B*H, Tq, Tk]). With dropout (fac = the mask's
+// multipliers, `dropped` = fac * y saved by the forward), g = fac * dprobs and
+//   dscores = scale * y * (g - sum_k g_k y_k) = scale * (dropped * dprobs - y * sum_k dropped_k dprobs_k),
+// so the mask need not be regenerated: on CPU (where the fused kernel's redraw costs ~4 ns an element:
+// 94 us vs 16 us for [16, 2, 24, 24]) four ATen calls, in float/double; half types keep the kernel, which
+// accumulates in float, and so does CUDA, where one launch costs less host time than four.
+Tensor softmax_dropout_bwd(const Tensor& dprobs, const Tensor& dropped, const Tensor& y, bool has_dropout,
+                           double scale, double p, int64_t seed, int64_t off) {
+  if (has_dropout && y.is_cpu() && (y.scalar_type() == at::kFloat || y.scalar_type() == at::kDouble)) {
+    const Tensor g = dprobs * dropped;
+    return at::addcmul(g, y.view(g.sizes()), g.sum(-1, true), -1).mul_(scale);
+  }
+  return softmax_bwd(dprobs.view(y.sizes()), y, scale, p, seed, off).view(dprobs.sizes());
+}
+
+// See ops/blocks/attention.py (AttentionBlockFunction) for the arguments. Returns (y, s, mean, rstd,
+// q, k, v, probs, dropped): s is undefined for pre-LN; q/k/v [B*H, T, hd]; probs [B, H, Tq, Tk] the
+// softmax output; dropped the dropped probabilities (empty without dropout).
+std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> attention_block_fwd(
+    const Tensor& x, const std::optional<Tensor>& memory, const std::optional<Tensor>& key_padding_mask,
+    const Tensor& ln_weight, const Tensor& ln_bias, const Tensor& wq, const Tensor& bq, const Tensor& wk,
+    const Tensor& bk, const Tensor& wv, const Tensor& bv, const Tensor& wo, const Tensor& bo, int64_t num_heads,
+    double scale, bool causal, bool normalize_before, double eps, double attn_p, int64_t attn_seed,
+    int64_t attn_offset, double p, int64_t seed, int64_t offset) {
+  // These ops run inside an autograd Function: the ATen calls below skip the autograd layers.
+  const at::AutoDispatchBelowADInplaceOrView below_autograd;
+  TORCH_CHECK(x.dim() == 3, "attention_block_fwd: x must be [T, B, E], got ", x.sizes());
+  const int64_t Tq = x.size(0), B = x.size(1), E = x.size(2), H = num_heads;
+  TORCH_CHECK(H > 0 && E % H == 0, "attention_block_fwd: num_heads = ", H, " must divide E = ", E);
+  Tensor mean, rstd, s, q, k, v;
+  const Tensor h2 = norm_start(x, ln_weight, ln_bias, normalize_before, eps, mean, rstd).reshape({Tq * B, E});
+  if (!memory.has_value()) {
+    const Tensor qkv = at::mm(h2, at::cat({wq, wk, wv}).t()).view({Tq, B, 3 * E});
+    std::tie(q, k, v) = qkv_split(qkv, at::cat({bq, bk, bv}), H);
+  } else {
+    const Tensor& m = *memory;
+    const int64_t Tk = m.size(0);
+    q = to_heads(at::addmm(bq, h2, wq.t()).view({Tq, B, E}), H);
+    const Tensor kv = at::addmm(at::cat({bk, bv}), m.reshape({Tk * B, -1}), at::cat({wk, wv}).t()).view({Tk, B, 2 * E});
+    k = to_heads(kv.slice(2, 0, E), H);
+    v = to_heads(kv.slice(2, E, 2 * E), H);
+  }
+  const int64_t Tk = k.size(1);
+  Tensor y, dropped;
+  std::tie(y, dropped) = softmax_fwd(at::bmm(q, k.transpose(1, 2)).view({B, H, Tq, Tk}), key_padding_mask, causal,
+                                     scale, attn_p, attn_seed, attn_offset);
+  const Tensor& probs = dropped.numel() ? dropped : y;
+  const Tensor merged = merge(at::bmm(probs.view({B * H, Tq, Tk}), v), H);
+  const Tensor out = at::mm(merged.view({Tq * B, E}), wo.t()).view({Tq, B, E});
+  Tensor out_y = norm_end(out, bo, x, p, seed, offset, ln_weight, ln_bias, normalize_before, eps, s, mean, rstd);
+  return {out_y, s, mean, rstd, q, k, v, y, dropped};
+}
+
+// Returns (dx, dmemory (undefined for self-attention), dln_weight, dln_bias, dwq, dbq, dwk, dbk, dwv, dbv,
+// dwo, dbo). The merged heads (the output GEMM's input) are recomputed from probs and v.
+std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor>
+attention_block_bwd(const Tensor& dy, const Tensor& x, const std::optional<Tensor>& memory, const Tensor& ln_weight,
+                    const Tensor& ln_bias, const Tensor& wq, const Tensor& wk, const Tensor& wv, const Tensor& wo,
+                    const std::optional<Tensor>& s, const Tensor& mean, const Tensor& rstd, const Tensor& q,
+                    const Tensor& k, const Tensor& v, const Tensor& y, const Tensor& dropped, int64_t num_heads,
+                    double scale, bool normalize_before, double eps, double attn_p, int64_t attn_seed,
+                    int64_t attn_offset, double p, int64_t seed, int64_t offset) {
+  // These ops run inside an autograd Function: the ATen calls below skip the autograd layers.
+  const at::AutoDispatchBelowADInplaceOrView below_autograd;
+  const int64_t Tq = x.size(0), B = x.size(1), E = x.size(2), H = num_heads, hd = E / H;
+  Tensor ds, dln_w, dln_b, dout, dbo;
+  const Tensor h = norm_bwd_start(dy, x, s.has_value() ? *s : Tensor(), ln_weight, ln_bias, mean, rstd,
+                                  normalize_before, eps, ds, dln_w, dln_b);
+  std::tie(dout, dbo) = bdr_bwd(ds, p, seed, offset);
+  const Tensor dout2 = dout.view({Tq * B, E});
+  // [Tq, B, H, hd] seen as [B*H, Tq, hd]
+  const Tensor dctx = at::mm(dout2, wo).view({Tq, B, H, hd}).permute({1, 2, 0, 3}).reshape({B * H, Tq, hd});
+  const Tensor probs = (dropped.numel() ? dropped : y).view({B * H, Tq, -1});
+  const Tensor dwo = at::mm(dout2.t(), merge(at::bmm(probs, v), H).view({Tq * B, E}));
+  const Tensor dv = at::bmm(probs.transpose(1, 2), dctx);
+  const Tensor dscores = softmax_dropout_bwd(at::bmm(dctx, v.transpose(1, 2)), probs, y,
+                                             dropped.numel() > 0, scale, attn_p, attn_seed, attn_offset);
+  const Tensor dq = at::bmm(dscores, k), dk = at::bmm(dscores.transpose(1, 2), q);
+  const Tensor h2 = h.reshape({Tq * B, E});
+  Tensor dh, dmemory, dwq, dbq, dwk, dbk, dwv, dbv;
+  if (!memory.has_value()) {
+    Tensor dqkv, dbqkv;
+    std::tie(dqkv, dbqkv) = qkv_split_bwd(dq, dk, dv, H);
+    dqkv = dqkv.view({Tq * B, 3 * E});
+    const auto dw = at::mm(dqkv.t(), h2).split(E);
+    const auto db = dbqkv.split(E);
+    dh = at::mm(dqkv, at::cat({wq, wk, wv}));
+    dwq = dw[0], dwk = dw[1], dwv = dw[2], dbq = db[0], dbk = db[1], dbv = db[2];
+  } else {
+    const Tensor& m = *memory;
+    const int64_t Tk = m.size(0);
+    const Tensor dq2 = from_heads(dq, H);
+    dwq = at::mm(dq2.t(), h2);
+    dbq = dq2.sum(0);
+    dh = at::mm(dq2, wq);
+    const Tensor dkv = at::cat({from_heads(dk, H), from_heads(dv, H)}, 1);  // [Tk*B, 2E]
+    const auto dw = at::mm(dkv.t(), m.reshape({Tk * B, -1})).split(E);
+    const auto db = dkv.sum(0).split(E);
+    dwk = dw[0], dwv = dw[1], dbk = db[0], dbv = db[1];
+    dmemory = at::mm(dkv, at::cat({wk, wv})).view(m.sizes());
+  }
+  const Tensor dx =
+      norm_bwd_end(ds, dh.view({Tq, B, E}), x, ln_weight, mean, rstd, normalize_before, dln_w, dln_b);
+  return {dx, dmemory, dln_w, dln_b, dwq, dbq, dwk, dbk, dwv, dbv, dwo, dbo};
+}
+
+// See ops/blocks/feed_forward.py. Returns (y, pre (fc1's output, the activation's input), s (undefined
+// for pre-LN), mean, rstd).
+std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> ffn_block_fwd(
+    const Tensor& x, const Tensor& ln_weight, const Tensor& ln_bias, const Tensor& w1, const Tensor& b1,
+    const Tensor& w2, const Tensor& b2, c10::string_view act, bool normalize_before, double eps, double act_p,
+    int64_t act_seed, int64_t act_offset, double p, int64_t seed, int64_t offset) {
+  // These ops run inside an autograd Function: the ATen calls below skip the autograd layers.
+  const at::AutoDispatchBelowADInplaceOrView below_autograd;
+  TORCH_CHECK(x.dim() == 3, "ffn_block_fwd: x must be [T, B, E], got ", x.sizes());
+  const int64_t T = x.size(0), B = x.size(1), E = x.size(2);
+  Tensor mean, rstd, s;
+  const Tensor h = norm_start(x, ln_weight, ln_bias, normalize_before, eps, mean, rstd);
+  const Tensor pre = at::mm(h.reshape({T * B, E}), w1.t());  // [T*B, F]
+  const Tensor out = at::mm(bad_fwd(pre, b1, act_p, act, act_seed, act_offset), w2.t()).view({T, B, E});
+  Tensor y = norm_end(out, b2, x, p, seed, offset, ln_weight, ln_bias, normalize_before, eps, s, mean, rstd);
+  return {y, pre, s, mean, rstd};
+}
+
+// Returns (dx, dln_weight, dln_bias, dw1, db1, dw2, db2). The activation output is recomputed from pre.
+std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> ffn_block_bwd(
+    const Tensor& dy, const Tensor& x, const Tensor& ln_weight, const Tensor& ln_bias, const Tensor& w1,
+    const Tensor& b1, const Tensor& w2, const Tensor& pre, const std::optional<Tensor>& s, const Tensor& mean,
+    const Tensor& rstd, c10::string_view act, bool normalize_before, double eps, double act_p, int64_t act_seed,
+    int64_t act_offset, double p, int64_t seed, int64_t offset) {
+  // These ops run inside an autograd Function: the ATen calls below skip the autograd layers.
+  const at::AutoDispatchBelowADInplaceOrView below_autograd;
+  const int64_t T = x.size(0), B = x.size(1), E = x.size(2);
+  Tensor ds, dln_w, dln_b, dout, db2, dpre, db1;
+  const Tensor h = norm_bwd_start(dy, x, s.has_value() ? *s : Tensor(), ln_weight, ln_bias, mean, rstd,
+                                  normalize_before, eps, ds, dln_w, dln_b);
+  std::tie(dout, db2) = bdr_bwd(ds, p, seed, offset);
+  const Tensor dout2 = dout.view({T * B, E});
+  const Tensor dw2 = at::mm(dout2.t(), bad_fwd(pre, b1, act_p, act, act_seed, act_offset));
+  std::tie(dpre, db1) = bad_bwd(at::mm(dout2, w2), pre, b1, act_p, act, act_seed, act_offset);
+  const Tensor dw1 = at::mm(dpre.t(), h.reshape({T * B, E}));
+  const Tensor dx =
+      norm_bwd_end(ds, at::mm(dpre, w1).view({T, B, E}), x, ln_weight, mean, rstd, normalize_before, dln_w, dln_b);
+  return {dx, dln_w, dln_b, dw1, db1, dw2, db2};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(fairseq_lightseq, m) {
+  m.def(
+      "attention_block_fwd(Tensor x, Tensor? memory, Tensor? key_padding_mask, Tensor ln_weight, Tensor ln_bias, "
+      "Tensor wq, Tensor bq, Tensor wk, Tensor bk, Tensor wv, Tensor bv, Tensor wo, Tensor bo, int num_heads, "
+      "float scale, bool causal, bool normalize_before, float eps, float attn_p, int attn_seed, int attn_offset, "
+      "float p, int seed, int offset) -> (Tensor y, Tensor s, Tensor mean, Tensor rstd, Tensor q, Tensor k, "
+      "Tensor v, Tensor probs, Tensor dropped)");
+  m.def(
+      "attention_block_bwd(Tensor dy, Tensor x, Tensor? memory, Tensor ln_weight, Tensor ln_bias, Tensor wq, "
+      "Tensor wk, Tensor wv, Tensor wo, Tensor? s, Tensor mean, Tensor rstd, Tensor q, Tensor k, Tensor v, "
+      "Tensor probs, Tensor dropped, int num_heads, float scale, bool normalize_before, float eps, float attn_p, "
+      "int attn_seed, int attn_offset, float p, int seed, int offset) -> (Tensor dx, Tensor dmemory, "
+      "Tensor dln_weight, Tensor dln_bias, Tensor dwq, Tensor dbq, Tensor dwk, Tensor dbk, Tensor dwv, Tensor dbv, "
+      "Tensor dwo, Tensor dbo)");
+  m.def(
+      "ffn_block_fwd(Tensor x, Tensor ln_weight, Tensor ln_bias, Tensor w1, Tensor b1, Tensor w2, Tensor b2, "
+      "str act, bool normalize_before, float eps, float act_p, int act_seed, int act_offset, float p, int seed, "
+      "int offset) -> (Tensor y, Tensor pre, Tensor s, Tensor mean, Tensor rstd)");
+  m.def(
+      "ffn_block_bwd(Tensor dy, Tensor x, Tensor ln_weight, Tensor ln_bias, Tensor w1, Tensor b1, Tensor w2, "
+      "Tensor pre, Tensor? s, Tensor mean, Tensor rstd, str act, bool normalize_before, float eps, float act_p, "
+      "int act_seed, int act_offset, float p, int seed, int offset) -> (Tensor dx, Tensor dln_weight, "
+      "Tensor dln_bias, Tensor dw1, Tensor db1, Tensor dw2, Tensor db2)");
+}
+
+// Compositions of the library's ops and ATen: one registration for every device those have kernels for.
+TORCH_LIBRARY_IMPL(fairseq_lightseq, CompositeExplicitAutograd, m) {
+  m.impl("attention_block_fwd", &attention_block_fwd);
+  m.impl("attention_block_bwd", &attention_block_bwd);
+  m.impl("ffn_block_fwd", &ffn_block_fwd);
+  m.impl("ffn_block_bwd", &ffn_block_bwd);
+}
+
+}  // namespace fls
