@@ -27,7 +27,7 @@ Method (throughput, the default mode):
   overflow); GPU only: activation memory (peak inside task.train_step minus the memory allocated
   before its forward, at --memory-at tokens), host-device syncs per step, GPU-busy fraction.
 
---host-overhead: d=32, FFN 64, 4 heads, 6+6 layers (Transformer-big depth, dropout 0.3), one thread,
+--host-overhead: d=32, FFN 64, 2 heads, 6+6 layers (Transformer-big depth, dropout 0.3), one thread,
 a 1k-word corpus and --max-tokens 512, so kernels do almost nothing and a step's time is host time:
 median ms per step of ls vs fairseq in turns, plus torch.profiler's top ops by self CPU time with calls
 per step, against the target ls <= 0.5x fairseq.
@@ -48,7 +48,7 @@ import time
 SCRIPTS = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(SCRIPTS)
 TINY_WIDTH = ["--encoder-embed-dim", "32", "--decoder-embed-dim", "32", "--encoder-ffn-embed-dim", "64",
-              "--decoder-ffn-embed-dim", "64", "--encoder-attention-heads", "4", "--decoder-attention-heads", "4"]
+              "--decoder-ffn-embed-dim", "64", "--encoder-attention-heads", "2", "--decoder-attention-heads", "2"]
 HOST_TARGET, ACT_TARGET = 0.5, 0.6
 
 
@@ -147,7 +147,7 @@ def summarize(sides, runs, pool, steps, key: str, flops_of=None, peak=None) -> d
     for s in sides:
         t = times[s]
         row = {"tgt_tokens_per_s": sum(tokens) / sum(t), "median_ms": statistics.median(t) * 1e3,
-               "step_ms": [x * 1e3 for x in t],
+               "step_ms": [x * 1e3 for x in t], "optimizer_class": runs[s][0]["optimizer"],
                "target_checksum": sum(r["pools"][key]["target_checksum"] for r in runs[s]),
                "per_round_tokens_per_s": [], "skipped": sum(r["pools"][key]["skipped"] for r in runs[s])}
         i = 0
@@ -232,6 +232,8 @@ def throughput(a) -> dict:
 def print_throughput(prec, res, sides):
     print(f"[{prec}] {res['device_name']}, {res['num_params'] / 1e6:.1f}M params, peak "
           f"{fmt(res['peak_tflops'], '.0f')} TFLOP/s, {res['threads']} threads", flush=True)
+    print("torch optimizer classes: " + ", ".join(
+        f"{s} {next(iter(res['max_tokens'].values()))['sides'][s].get('optimizer_class')}" for s in sides), flush=True)
     hdr = (f"{'max-tok':>8} {'side':<14}{'tgt tok/s':>11}{'med ms':>9}{'TFLOP/s':>9}{'MFU':>7}"
            f"{'ls speedup':>11}{'per-step median [IQR]':>24}{'skip':>5}  per-round tok/s")
     print(hdr, flush=True)
@@ -276,7 +278,7 @@ def host_overhead(a) -> dict:
     mt = a.max_tokens[0]
     pools = make_pools(a, data_bin, [mt], tmp.name, a.pool, None, extra)
     parts = step_split(a.steps, a.rounds)
-    print(f"host overhead: {a.arch_size} depth (6+6), d=32, FFN 64, 4 heads, max-tokens {mt}, fp32, 1 thread; "
+    print(f"host overhead: {a.arch_size} depth (6+6), d=32, FFN 64, 2 heads, max-tokens {mt}, fp32, 1 thread; "
           f"pool {a.pool}; warm-up {a.warmup}; {a.steps} timed steps per side in {a.rounds} rounds; "
           f"repo {a.repo}", flush=True)
 
@@ -305,10 +307,12 @@ def host_overhead(a) -> dict:
         o = rows[s].get("ops")
         if not o:
             continue
-        print(f"-- {s}: top ops by self CPU time ({a.ops_steps} profiled steps)", flush=True)
-        for e in o["top"]:
-            print(f"   {e['name'][:60]:<60}{e['self_cpu_ms_per_step']:>9.2f} ms{e['calls_per_step']:>8.0f} calls",
-                  flush=True)
+        for key, what in (("top", "self CPU time"), ("top_by_calls", "calls")):
+            print(f"-- {s}: top entries by {what} (torch.profiler, {a.ops_steps} steps; per step; profiled "
+                  f"self CPU {o['self_cpu_ms_per_step']:.1f} ms/step)", flush=True)
+            for e in o[key]:
+                print(f"   {e['name'][:60]:<60}{e['self_cpu_ms_per_step']:>9.2f} ms{e['calls_per_step']:>8.0f} calls",
+                      flush=True)
     return {"mode": "host_overhead", "max_tokens": mt, "data_bin": data_bin, "repo": a.repo, "steps": a.steps,
             "warmup": a.warmup, "rounds": a.rounds, "ls_over_base": ratio, "base": base, "target": HOST_TARGET,
             **summary}

@@ -54,13 +54,22 @@ def _busy_fraction(trace_path: str) -> float:
 
 
 def _op_breakdown(prof, steps: int, top: int) -> dict:
-    """Top `top` ops by self CPU time: name, calls per step, self CPU ms per step; plus totals."""
+    """The `top` entries by self CPU time and the `top` by calls (name, calls per step, self CPU ms per
+    step), op calls per step (every profiler entry but the autograd engine's per-node wrappers), and
+    backward nodes per step (the engine's evaluate_function entries). Entries include fairseq's
+    record_function scopes ("forward", "backward", "clip-grads", ...), whose self time is the Python
+    time inside them not spent in any op."""
     avgs = list(prof.key_averages())
-    rows = sorted(avgs, key=lambda a: a.self_cpu_time_total, reverse=True)[:top]
     bwd = sum(a.count for a in avgs if a.key.startswith("autograd::engine::evaluate_function"))
-    calls = sum(a.count for a in avgs if not a.key.startswith(("autograd::engine", "bench_step")))
-    return {"top": [{"name": a.key, "calls_per_step": a.count / steps,
-                     "self_cpu_ms_per_step": a.self_cpu_time_total / 1e3 / steps} for a in rows],
+    calls = sum(a.count for a in avgs if not a.key.startswith("autograd::engine"))
+
+    def rows(key):
+        return [{"name": a.key, "calls_per_step": a.count / steps,
+                 "self_cpu_ms_per_step": a.self_cpu_time_total / 1e3 / steps}
+                for a in sorted(avgs, key=key, reverse=True)[:top]]
+
+    return {"top": rows(lambda a: a.self_cpu_time_total), "top_by_calls": rows(lambda a: a.count),
+            "self_cpu_ms_per_step": sum(a.self_cpu_time_total for a in avgs) / 1e3 / steps,
             "op_calls_per_step": calls / steps, "backward_nodes_per_step": bwd / steps}
 
 
@@ -93,7 +102,7 @@ def run_side(spec: dict) -> dict:
 
     out = {"model": model_shape(trainer.model), "num_params": sum(p.numel() for p in trainer.model.parameters()),
            "device": torch.cuda.get_device_name() if cuda else "cpu", "threads": torch.get_num_threads(),
-           "pools": {}}
+           "optimizer": type(_inner_optimizer(trainer)).__name__, "pools": {}}
     first = spec.get("first_step", 0)  # this round's part of the timed step list
     for entry in spec["pools"]:
         max_tokens, path = entry[:2]
@@ -120,10 +129,11 @@ def run_side(spec: dict) -> dict:
                 skipped += step(pool[(first + k) % n])
                 times.append(time.perf_counter() - t0)
         scaler = getattr(trainer.optimizer, "scaler", None)  # fp16's dynamic loss scaler
-        res = {"times": times, "skipped": skipped, "target_checksum": checksum, "loss_scale": None if scaler is None else float(scaler.loss_scale)}
+        res = {"times": times, "skipped": skipped, "target_checksum": checksum,
+               "loss_scale": None if scaler is None else float(scaler.loss_scale)}
         if cuda and max_tokens in spec.get("memory_at", ()):
             res["memory"] = _memory_step(trainer, task, step, pool[0])
-        if cuda and spec.get("syncs"):
+        if cuda and spec.get("syncs") and steps:
             res["syncs"] = _sync_step(trainer, task, step, pool[1 % n])
         if cuda and spec.get("busy_at") == max_tokens:
             res["busy_fraction"] = _busy_steps(step, pool, spec.get("busy_steps", 5))

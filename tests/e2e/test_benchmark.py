@@ -55,7 +55,7 @@ def test_throughput_sides_train_on_the_same_steps(tmp_path):
 
 def test_host_overhead_profiles_both_sides(tmp_path):
     res, log = bench(tmp_path, "host", "--host-overhead", "--host-pairs", "500", "--host-vocab", "104",
-                     "--pool", "2", "--warmup", "1", "--steps", "4", "--rounds", "2", "--ops-steps", "1")
+                     "--pool", "2", "--warmup", "1", "--steps", "3", "--rounds", "1", "--ops-steps", "1")
     assert set(res["sides"]) == {"ls", "fairseq"}
     assert res["ls_over_base"] == pytest.approx(res["sides"]["ls"]["median_ms"] / res["sides"]["fairseq"]["median_ms"])
     for s in res["sides"].values():
