@@ -106,8 +106,8 @@ def make_pools(a, data_bin: str, sizes, tmp: str, n_pool: int, layers, extra):
 
 
 def train_args_for(a, data_bin, side, precision, max_tokens, layers, extra):
-    from bench_support.sides import train_args
-    return train_args(data_bin, a.repo, side, a.arch_size, a.device, precision, max_tokens, layers, extra)
+    from bench_support.sides import ARCHS, train_args
+    return train_args(data_bin, a.repo, side, ARCHS[a.arch_size], a.device, precision, max_tokens, layers, extra)
 
 
 def data_bin_for(a, n_pairs: int, vocab: int) -> str:

@@ -15,11 +15,12 @@ SIDES = {
 }
 
 
-def train_args(data_bin: str, repo: str, side: str, size: str, device: str, precision: str, max_tokens: int,
+def train_args(data_bin: str, repo: str, side: str, arch: str, device: str, precision: str, max_tokens: int,
                layers=None, extra=()):
-    """fairseq-train arguments for one side (see the module docstring)."""
+    """fairseq-train arguments for one side (see the module docstring); `arch` is fairseq's name (e.g.
+    ARCHS["big"]), the ls side gets its ls_ twin."""
     prefix, criterion, optimizer = SIDES[side]
-    args = [data_bin, "--user-dir", os.path.join(repo, "fairseq_lightseq"), "--arch", prefix + ARCHS[size],
+    args = [data_bin, "--user-dir", os.path.join(repo, "fairseq_lightseq"), "--arch", prefix + arch,
             "--share-all-embeddings", "--optimizer", optimizer, "--adam-betas", "(0.9, 0.98)",
             "--lr", "5e-4", "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "4000",
             "--criterion", criterion, "--label-smoothing", "0.1", "--max-tokens", str(max_tokens),
@@ -35,14 +36,20 @@ def train_args(data_bin: str, repo: str, side: str, size: str, device: str, prec
 
 def build_trainer(args_list):
     """(cfg, task, trainer) from fairseq-train arguments, as fairseq_cli.train builds them (train split
-    loaded). fairseq 0.12's command line maps --bf16 to --tpu; tpu is reset so bf16 runs on this device."""
+    loaded). fairseq 0.12's command line maps --bf16 to --tpu; tpu is reset so bf16 runs on this device,
+    except in the optimizer's config: ls_adam reads cfg.tpu as "this is a --bf16 run" (fairseq's
+    FP16Optimizer without a loss scaler never resets its gradient multiplier after a step-with-scale,
+    so ls_adam lets it unscale the gradients itself then)."""
     from fairseq import options, tasks, utils
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
     from fairseq.trainer import Trainer
 
     args = options.parse_args_and_arch(options.get_training_parser(), input_args=args_list)
+    bf16 = args.bf16
     args.tpu = False
     cfg = convert_namespace_to_omegaconf(args)
+    if bf16 and "tpu" in cfg.optimizer:
+        cfg.optimizer.tpu = True
     utils.import_user_module(cfg.common)
     utils.set_torch_seed(cfg.common.seed)
     task = tasks.setup_task(cfg.task)

@@ -7,7 +7,7 @@ Module-level tests run in-process on tiny models. `e2e` tests drive fairseq's re
 with a 1-layer, 32-dim model on the CPU for 6 updates. `cuda` tests need a GPU (skipped here).
 
 Notes on fairseq 0.12 (not ours): its command line maps --bf16 to --tpu, so bf16 is tested through
-fairseq's Trainer with `tpu` reset (as scripts/benchmark.py does); on the CPU its pytorch_ddp
+fairseq's Trainer with `tpu` reset (as scripts/bench_support/sides.py does); on the CPU its pytorch_ddp
 backend passes device_ids=[0] to DistributedDataParallel (rejected for CPU modules) and its
 torchrun support divides by torch.cuda.device_count(), so the DDP test starts the two ranks itself
 (--distributed-init-method tcp://..., --distributed-no-spawn) with --ddp-backend legacy_ddp.
@@ -258,14 +258,15 @@ def test_cli_distributed_two_cpu_processes_gloo(data_bin, tmp_path, accumulated)
 
 # ------------------------------------------------------------------------- fairseq Trainer, bf16
 def _trainer_losses(data_bin, precision, device="cpu", steps=3):
-    import benchmark
+    from bench_support.corpus import draw_pool
+    from bench_support.sides import build_trainer, train_args
 
-    args = benchmark.train_args(data_bin, "ls_transformer", device, precision, 400, layers=1, extra=[
+    args = train_args(data_bin, ROOT, "ls", "transformer", device, precision, 400, layers=1, extra=[
         "--encoder-embed-dim", "32", "--decoder-embed-dim", "32", "--encoder-ffn-embed-dim", "64",
         "--decoder-ffn-embed-dim", "64", "--encoder-attention-heads", "2", "--decoder-attention-heads", "2",
-        "--dropout", "0.0", "--lr", "0.005", "--lr-scheduler", "fixed", "--warmup-updates", "0"], ls_stack=True)
-    samples = benchmark.draw_samples(args, steps)
-    _cfg, _task, trainer = benchmark.build_trainer(args)
+        "--dropout", "0.0", "--lr", "0.005", "--lr-scheduler", "fixed", "--warmup-updates", "0"])
+    samples = draw_pool(args, steps)
+    _cfg, _task, trainer = build_trainer(args)
     losses = []
     for s in samples:
         out = trainer.train_step([s])
