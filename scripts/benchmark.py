@@ -336,6 +336,9 @@ def activation_bytes(a) -> dict:
             r = row[side]
             print(f"{size:<6}{side:<10}{r['bytes'] / 2**20:>11.1f}{r['storages']:>10}"
                   f"{r['from_ctx_attributes'] / 2**20:>14.1f}{'x'.join(map(str, r['batch'])):>12}", flush=True)
+        for side in ("ls", "fairseq"):
+            print(f"      largest {side} groups: " + "; ".join(
+                f"{k} x{c}: {n / 2**20:.0f} MiB" for n, c, k in row[side]["largest"][:6]), flush=True)
         row["ratio"] = row["ls"]["bytes"] / row["fairseq"]["bytes"]
         print(f"{size:<6}ls / fairseq {row['ratio']:.2f}x (target <= {ACT_TARGET}x: "
               f"{'met' if row['ratio'] <= ACT_TARGET else 'NOT met'}); {row['ls']['src_tokens']} source + "
@@ -382,9 +385,10 @@ def parse_args(argv=None):
     p.add_argument("--sweep", action="store_true", help="--max-tokens 4096,8192,16384,32768")
     p.add_argument("--pool", type=int, default=100, help="batches per pool (default: %(default)s)")
     p.add_argument("--warmup", type=int, help="untimed steps over the pool per process (default: 50 on CUDA, "
-                   "10 on CPU, 20 for --host-overhead)")
+                   "5 on CPU, 20 for --host-overhead)")
     p.add_argument("--steps", type=int, help="timed steps per side (default: 100; --host-overhead 150)")
-    p.add_argument("--rounds", type=int, help="turns per side, the timed steps split among them (default: 2; host 3)")
+    p.add_argument("--rounds", type=int, help="turns per side, the timed steps split among them "
+                   "(default: 2 on CUDA, 4 on CPU, 3 for --host-overhead)")
     p.add_argument("--sides", type=strs, help="comma list of ls,fairseq,fairseq_fused (default: all three; host: ls,fairseq)")
     p.add_argument("--memory-at", type=ints, default=[8192, 32768], help="CUDA: max-tokens at which to "
                    "measure activation memory (default: %(default)s)")
@@ -394,7 +398,7 @@ def parse_args(argv=None):
     p.add_argument("--extra", default="", help="more fairseq-train arguments for every side, quoted")
     p.add_argument("--host-pairs", type=int, default=20000, help="--host-overhead corpus pairs")
     p.add_argument("--host-vocab", type=int, default=1000, help="--host-overhead dictionary size")
-    p.add_argument("--ops-steps", type=int, default=5, help="--host-overhead: profiled steps")
+    p.add_argument("--ops-steps", type=int, default=20, help="--host-overhead: profiled steps")
     p.add_argument("--ops-top", type=int, default=15, help="--host-overhead: ops listed per side")
     p.add_argument("--act-sizes", type=strs, default=["base", "big"], help="--activation-bytes widths")
     p.add_argument("--json", help="write the results here")
@@ -415,9 +419,9 @@ def parse_args(argv=None):
         a.layers = 2
     a.precision = a.precision or (["fp32"] if cpu else ["fp16"])
     a.max_tokens = a.max_tokens or ([512] if host else [4096] if a.activation_bytes else [1024] if cpu else [8192])
-    a.warmup = a.warmup if a.warmup is not None else (20 if host else 10 if cpu else 50)
+    a.warmup = a.warmup if a.warmup is not None else (20 if host else 5 if cpu else 50)
     a.steps = a.steps or (150 if host else 100)
-    a.rounds = a.rounds or (3 if host else 2)
+    a.rounds = a.rounds or (3 if host else 4 if cpu else 2)
     a.sides = a.sides or (["ls", "fairseq"] if host else ["ls", "fairseq", "fairseq_fused"])
     for name, val, lo in (("--pool", a.pool, 1), ("--steps", a.steps, 1), ("--rounds", a.rounds, 1),
                           ("--warmup", a.warmup, 0)):

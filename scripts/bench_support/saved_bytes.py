@@ -17,7 +17,7 @@ class SavedBytes:
 
     def __init__(self, params=()):
         self._skip = {p.untyped_storage().data_ptr() for p in params}
-        self._seen = {}  # data_ptr -> nbytes
+        self._seen = {}  # data_ptr -> (nbytes, shape, dtype) of the first tensor seen on that storage
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
         self.from_ctx = 0
 
@@ -26,7 +26,7 @@ class SavedBytes:
         ptr = st.data_ptr()
         if ptr == 0 or ptr in self._skip or ptr in self._seen:
             return 0
-        self._seen[ptr] = st.nbytes()
+        self._seen[ptr] = (st.nbytes(), tuple(t.shape), str(t.dtype).replace("torch.", ""))
         return st.nbytes()
 
     def _pack(self, t):
@@ -60,7 +60,17 @@ class SavedBytes:
 
     @property
     def bytes(self) -> int:
-        return sum(self._seen.values())
+        return sum(v[0] for v in self._seen.values())
+
+    def groups(self, top: int = 12):
+        """The largest (shape, dtype) groups of saved storages: [(bytes, count, "shape dtype")]: a hint at
+        which tensors dominate (e.g. [tokens, vocab] fp32 = logits-sized, [B*H, T, T] = attention)."""
+        acc = {}
+        for n, shape, dtype in self._seen.values():
+            key = f"{'x'.join(map(str, shape))} {dtype}"
+            b, c = acc.get(key, (0, 0))
+            acc[key] = (b + n, c + 1)
+        return sorted(((b, c, k) for k, (b, c) in acc.items()), reverse=True)[:top]
 
     @property
     def tensors(self) -> int:
@@ -81,6 +91,6 @@ def forward_saved_bytes(args_list, pool_path: str) -> dict:
     with SavedBytes(list(model.parameters()) + list(criterion.parameters())) as sb:
         loss, _, _ = criterion(model, sample)
     sb.finish(loss)
-    return {"bytes": sb.bytes, "storages": sb.tensors, "from_ctx_attributes": sb.from_ctx,
+    return {"bytes": sb.bytes, "storages": sb.tensors, "from_ctx_attributes": sb.from_ctx, "largest": sb.groups(),
             "src_tokens": int(sample["net_input"]["src_lengths"].sum()), "tgt_tokens": int(sample["ntokens"]),
             "batch": list(sample["net_input"]["src_tokens"].shape), "dtype": str(next(model.parameters()).dtype)}
