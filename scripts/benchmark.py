@@ -389,7 +389,8 @@ def parse_args(argv=None):
     p.add_argument("--steps", type=int, help="timed steps per side (default: 100; --host-overhead 150)")
     p.add_argument("--rounds", type=int, help="turns per side, the timed steps split among them "
                    "(default: 2 on CUDA, 4 on CPU, 3 for --host-overhead)")
-    p.add_argument("--sides", type=strs, help="comma list of ls,fairseq,fairseq_fused (default: all three; host: ls,fairseq)")
+    p.add_argument("--sides", type=strs, help="comma list of ls,fairseq,fairseq_fused (default: all three; "
+                   "--host-overhead: ls,fairseq)")
     p.add_argument("--memory-at", type=ints, default=[8192, 32768], help="CUDA: max-tokens at which to "
                    "measure activation memory (default: %(default)s)")
     p.add_argument("--no-syncs", action="store_true", help="CUDA: skip counting host-device syncs")
