@@ -48,8 +48,9 @@ def build_trainer(args_list):
     bf16 = args.bf16
     args.tpu = False
     cfg = convert_namespace_to_omegaconf(args)
-    if bf16 and "tpu" in cfg.optimizer:
-        cfg.optimizer.tpu = True
+    if bf16 and cfg.optimizer._name == "ls_adam" and "tpu" in cfg.optimizer:
+        cfg.optimizer.tpu = True  # (fairseq's adam would switch to its TPU path; ls_adam versions without
+        # the field need nothing)
     utils.import_user_module(cfg.common)
     utils.set_torch_seed(cfg.common.seed)
     task = tasks.setup_task(cfg.task)
