@@ -24,7 +24,7 @@ report() {
     echo '```'
     cat "$LOGS/steps.txt"
     echo '```'
-    for f in machine info tests_cuda bench_ops_fp16 bench_ops_bf16 benchmark_big benchmark_mem bench_criterion bench_optimizer; do
+    for f in machine info tests_cuda bench_ops_fp16 bench_ops_bf16 benchmark benchmark_sweep bench_criterion bench_optimizer; do
       [ -s "$LOGS/$f.txt" ] || continue
       echo; echo "## $f"; echo '```'
       case $f in
@@ -73,11 +73,14 @@ step tests_cuda 150 $PY -m pytest -q -m cuda $par -rfE -p no:cacheprovider tests
 
 step bench_ops_fp16 150 $PY scripts/bench_ops.py --device cuda --dtype fp16 --shapes base,big,large,long --skip-ref --json "$OUT_DIR/bench_ops_fp16.json"
 step bench_ops_bf16 120 $PY scripts/bench_ops.py --device cuda --dtype bf16 --shapes base,big,large --skip-ref --json "$OUT_DIR/bench_ops_bf16.json"
-# Throughput: 3 warm-up steps (run 2 with 1 showed fairseq's first timed repeats 1.8x slower than
-# its later ones), 3 x 6 timed steps, fp16 and bf16, max-tokens 8192. Memory: at 8192 tokens the
-# peak is the optimizer state both sides share, so a second run at 32768 tokens shows activations.
-step benchmark_big 200 $PY scripts/benchmark.py --device cuda --ls-stack --warmup 3 --steps 6 --repeats 3 --json "$OUT_DIR/benchmark_big.json"
-step benchmark_mem 120 $PY scripts/benchmark.py --device cuda --ls-stack --fp16 --max-tokens 32768 --warmup 1 --steps 2 --repeats 1 --json "$OUT_DIR/benchmark_mem.json"
+# Training speed at steady state (scripts/benchmark.py's CUDA default, about 4 minutes): Transformer-big
+# fp16 at 8192 tokens on a pool of 100 batches, 50 warm-up + 100 timed steps per side, ls / fairseq adam /
+# fairseq + torch fused AdamW in turns, MFU, activation memory at 8k and 32k tokens, syncs per step,
+# GPU-busy fraction. GPU_CHECK_SWEEP=1 adds the 4096..32768 sweep in fp16 and bf16 (much longer).
+step benchmark 420 $PY scripts/benchmark.py --device cuda --json "$OUT_DIR/benchmark.json"
+if [ "${GPU_CHECK_SWEEP:-0}" = 1 ]; then
+  step benchmark_sweep 1800 $PY scripts/benchmark.py --device cuda --sweep --precision fp16,bf16 --json "$OUT_DIR/benchmark_sweep.json"
+fi
 step bench_criterion 60 $PY scripts/bench_criterion.py --device cuda
 step bench_optimizer 60 $PY scripts/bench_optimizer.py --device cuda
 echo "done in $((SECONDS - T0)) s: $OUT_DIR/report.md"

@@ -6,7 +6,7 @@ Module-level tests run in-process on tiny models. `e2e` tests drive fairseq's re
 (`python -m fairseq_cli.train`) on a tiny data-bin made once per session with fairseq-preprocess,
 with a 1-layer, 32-dim model on the CPU for 6 updates. `cuda` tests need a GPU (skipped here).
 
-The Trainer-level bf16 test builds fairseq's Trainer directly (as scripts/benchmark.py does).
+The Trainer-level bf16 test builds fairseq's Trainer directly (as scripts/bench_support/sides.py does).
 """
 import copy
 import os
@@ -221,14 +221,15 @@ def test_cli_ema_checkpoint_loads(data_bin, tmp_path, baseline):
 
 # ------------------------------------------------------------------------- fairseq Trainer, bf16
 def _trainer_losses(data_bin, precision, device="cpu", steps=3):
-    import benchmark
+    from bench_support.corpus import draw_pool
+    from bench_support.sides import build_trainer, train_args
 
-    args = benchmark.train_args(data_bin, "ls_transformer", device, precision, 400, layers=1, extra=[
+    args = train_args(data_bin, ROOT, "ls", "transformer", device, precision, 400, layers=1, extra=[
         "--encoder-embed-dim", "32", "--decoder-embed-dim", "32", "--encoder-ffn-embed-dim", "64",
         "--decoder-ffn-embed-dim", "64", "--encoder-attention-heads", "2", "--decoder-attention-heads", "2",
-        "--dropout", "0.0", "--lr", "0.005", "--lr-scheduler", "fixed", "--warmup-updates", "0"], ls_stack=True)
-    samples = benchmark.draw_samples(args, steps)
-    _cfg, _task, trainer = benchmark.build_trainer(args)
+        "--dropout", "0.0", "--lr", "0.005", "--lr-scheduler", "fixed", "--warmup-updates", "0"])
+    samples = draw_pool(args, steps)
+    _cfg, _task, trainer = build_trainer(args)
     losses = []
     for s in samples:
         out = trainer.train_step([s])

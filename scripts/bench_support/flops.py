@@ -1,0 +1,46 @@
+"""Model FLOPs of a training step over non-pad tokens, and device peaks for MFU.
+
+FLOPs of one training step (forward + backward = 3 x forward, 2 FLOPs per multiply-add):
+    6 x (encoder-layer params x source tokens + (decoder-layer params + output projection) x target tokens)
+  + 12 x d x sum over layers and sentences of (enc self: s^2, dec self: t^2, cross: s x t)
+with s, t each sentence's non-pad source/target length (the attention term is QK^T and PV, counted on the
+full t x t square in the decoder as the kernels compute it). Embedding lookups are not matmuls and are
+not counted. Padding slots are not counted either: MFU measures useful work.
+"""
+import re
+
+# Dense fp16/bf16 tensor-core peaks, TFLOP/s (NVIDIA data sheets, SXM parts).
+PEAK_TFLOPS = {"A100": 312.0, "H100": 989.0, "H200": 989.0}
+
+
+def device_peak_tflops(device_name: str, precision: str, override=None):
+    """TFLOP/s for MFU: --peak-tflops if given, else the table for fp16/bf16 on a known GPU, else None."""
+    if override:
+        return override
+    if precision not in ("fp16", "bf16"):
+        return None
+    for key, peak in PEAK_TFLOPS.items():
+        if re.search(key, device_name or "", re.IGNORECASE):
+            return peak
+    return None
+
+
+def model_shape(model) -> dict:
+    """Parameter counts that one token touches, from a built fairseq (or ls) translation model."""
+    enc = sum(p.numel() for p in model.encoder.layers.parameters())
+    dec = sum(p.numel() for p in model.decoder.layers.parameters())
+    emb = model.decoder.embed_tokens.weight
+    return {"enc_layer_params": enc, "dec_layer_params": dec, "out_proj_params": emb.numel(),
+            "embed_dim": emb.shape[1], "enc_layers": len(model.encoder.layers),
+            "dec_layers": len(model.decoder.layers)}
+
+
+def batch_flops(sample, shape: dict, pad: int = 1) -> float:
+    """Model FLOPs of one training step on this batch (see the module docstring)."""
+    s = sample["net_input"]["src_lengths"].double()
+    t = (sample["target"] != pad).sum(1).double()
+    dense = 6.0 * (shape["enc_layer_params"] * float(s.sum())
+                   + (shape["dec_layer_params"] + shape["out_proj_params"]) * float(t.sum()))
+    attn = 12.0 * shape["embed_dim"] * (shape["enc_layers"] * float((s * s).sum())
+                                        + shape["dec_layers"] * float((t * t + s * t).sum()))
+    return dense + attn
