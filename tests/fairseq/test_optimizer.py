@@ -284,3 +284,29 @@ def test_steady_state_path_matches_the_per_param_path_when_a_grad_is_missing():
         for p, q in zip(ps, qs):
             torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
     assert [ours.state[p]["step"] for p in ps] == [5, 4]
+
+
+@pytest.mark.parametrize("grad_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("max_norm", [0.0, 0.5, 1e6])
+def test_clip_grad_norm_matches_fairseq(grad_dtype, max_norm):
+    """ls_adam's multi-tensor clip_grad_norm returns fairseq's norm (utils.clip_grad_norm_) and clips
+    the grads as fairseq does (max_norm 0: the norm only, as the Trainer calls it every step)."""
+    from fairseq import utils
+
+    def params(seed):
+        g = torch.Generator().manual_seed(seed)
+        ps = [torch.nn.Parameter(torch.randn(*shape, generator=g).to(grad_dtype)) for shape in ((7, 5), (5,), (3, 4, 2), (1,))]
+        for p in ps:
+            p.grad = torch.randn(p.shape, generator=g).to(grad_dtype)
+        return ps
+
+    ours, theirs = params(3), params(3)
+    opt = build("ls_adam", ours)
+    norm = opt.clip_grad_norm(max_norm)
+    expected = utils.clip_grad_norm_(theirs, max_norm)
+    assert norm.dtype == torch.float32
+    torch.testing.assert_close(norm, expected, rtol=1e-6, atol=0)
+    for a, b in zip(ours, theirs):
+        torch.testing.assert_close(a.grad, b.grad, rtol=1e-6, atol=0)
+    if max_norm == 0.5:  # the clip happened
+        assert float(utils.clip_grad_norm_(ours, 0)) == pytest.approx(0.5, rel=1e-3)
