@@ -76,6 +76,9 @@ def child_main(kind: str, spec: dict) -> None:
         res = run_side(spec)
     else:
         from bench_support.saved_bytes import forward_saved_bytes
+        if spec.get("ls_attention") == "sdpa":  # ls's attention as on a GPU (no effect on fairseq's side)
+            from fairseq_lightseq.modules import multihead_attention
+            multihead_attention.SDPA_MODE = "always"
         res = forward_saved_bytes(spec["args"], spec["pool"])
     print("RESULT " + json.dumps(res), flush=True)
 
@@ -324,7 +327,8 @@ def activation_bytes(a) -> dict:
     tmp = tempfile.TemporaryDirectory(prefix="fls_bench_act_")
     mt = a.max_tokens[0]
     extra = a.extra.split()
-    out = {"mode": "activation_bytes", "max_tokens": mt, "data_bin": data_bin, "repo": a.repo, "sizes": {}}
+    out = {"mode": "activation_bytes", "max_tokens": mt, "data_bin": data_bin, "repo": a.repo,
+           "ls_attention": a.ls_attention, "sizes": {}}
     print(f"{'width':<6}{'side':<10}{'saved MiB':>11}{'storages':>10}{'ctx-attr MiB':>14}{'batch':>12}", flush=True)
     for size in a.act_sizes:
         a.arch_size = size
@@ -332,7 +336,8 @@ def activation_bytes(a) -> dict:
         row = {}
         for side in ("ls", "fairseq"):
             args = train_args_for(a, data_bin, side, "fp32", mt, a.layers, extra)
-            row[side] = run_child("act", {"args": args, "pool": pool_path}, a.repo, a.threads)
+            row[side] = run_child("act", {"args": args, "pool": pool_path, "ls_attention": a.ls_attention},
+                                  a.repo, a.threads)
             r = row[side]
             print(f"{size:<6}{side:<10}{r['bytes'] / 2**20:>11.1f}{r['storages']:>10}"
                   f"{r['from_ctx_attributes'] / 2**20:>14.1f}{'x'.join(map(str, r['batch'])):>12}", flush=True)
@@ -402,6 +407,9 @@ def parse_args(argv=None):
     p.add_argument("--ops-steps", type=int, default=20, help="--host-overhead: profiled steps")
     p.add_argument("--ops-top", type=int, default=15, help="--host-overhead: ops listed per side")
     p.add_argument("--act-sizes", type=strs, default=["base", "big"], help="--activation-bytes widths")
+    p.add_argument("--ls-attention", choices=["auto", "sdpa"], default="auto",
+                   help="--activation-bytes: ls attention path; sdpa = the GPU's (torch's fused attention, "
+                        "as fairseq's side runs it on the CPU too), auto = the device's (explicit on CPU)")
     p.add_argument("--json", help="write the results here")
     p.add_argument("--_child", nargs=2, help=argparse.SUPPRESS)
     a = p.parse_args(argv)

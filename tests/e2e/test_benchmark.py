@@ -65,9 +65,12 @@ def test_host_overhead_profiles_both_sides(tmp_path):
     assert "target <= 0.5x" in log
 
 
-def test_activation_bytes_counts_both_sides(tmp_path):
+@pytest.mark.parametrize("attention", ["auto", "sdpa"])
+def test_activation_bytes_counts_both_sides(tmp_path, attention):
     res, log = bench(tmp_path, "act", "--activation-bytes", "--corpus-pairs", "3000", "--vocab", "304",
-                     "--act-sizes", "base", "--layers", "1", "--max-tokens", "256", "--extra", TINY)
+                     "--act-sizes", "base", "--layers", "1", "--max-tokens", "256", "--extra", TINY,
+                     "--ls-attention", attention)
+    assert res["ls_attention"] == attention
     row = res["sizes"]["base"]
     assert row["ls"]["bytes"] > 0 and row["fairseq"]["bytes"] > 0
     assert row["ls"]["batch"] == row["fairseq"]["batch"]
