@@ -3,59 +3,28 @@ ls_transformer_tiny for 30 updates on CPU, decode with fairseq-generate (the che
 torch's safe loader), score with sacrebleu, and decode the checkpoint converted to fairseq's
 transformer_tiny. Marked `e2e` (select or skip with -m)."""
 import os
-import random
 import re
-import subprocess
 import sys
 
 import pytest
 import sacrebleu
 
+from support import ROOT
+from support.cli import USER_DIR, generate, make_data_bin, run
+
 pytestmark = pytest.mark.e2e
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-BIN = os.path.dirname(sys.executable)  # the venv's console scripts (fairseq-train, ...)
-USER_DIR = os.path.join(ROOT, "fairseq_lightseq")
 
-
-def run(cmd, cwd):
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
-    r = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=300, env=env)
-    assert r.returncode == 0, f"{' '.join(cmd)} failed:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
-    return r.stdout + r.stderr
-
-
-def write_corpus(d):
-    """A learnable toy task: the target is the source in upper case."""
-    rng = random.Random(0)
-    words = [f"w{i}" for i in range(16)]
-    for split, n in (("train", 300), ("valid", 20), ("test", 24)):
-        with open(os.path.join(d, f"{split}.src"), "w") as fs, open(os.path.join(d, f"{split}.tgt"), "w") as ft:
-            for _ in range(n):
-                s = rng.choices(words, k=rng.randint(3, 8))
-                fs.write(" ".join(s) + "\n")
-                ft.write(" ".join(w.upper() for w in s) + "\n")
-
-
-def generate(d, path, extra=()):
-    out = run([f"{BIN}/fairseq-generate", "bin", "--path", path, "--gen-subset", "test", "--beam", "2",
-               "--batch-size", "32", "--cpu", "--user-dir", USER_DIR, *extra], d)
-    hyps = {}
-    for line in out.splitlines():
-        m = re.match(r"^H-(\d+)\t\S+\t(.*)$", line)
-        if m:
-            hyps[int(m.group(1))] = m.group(2)
-    return hyps
+def hypotheses_of(d, path):
+    """{sentence id: hypothesis} of fairseq-generate on d/bin's test split."""
+    return {i: hyp for i, (_, hyp) in generate(d, path)[2].items()}
 
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     d = str(tmp_path_factory.mktemp("e2e"))
-    write_corpus(d)
-    run([f"{BIN}/fairseq-preprocess", "--source-lang", "src", "--target-lang", "tgt", "--trainpref", "train",
-         "--validpref", "valid", "--testpref", "test", "--destdir", "bin", "--joined-dictionary",
-         "--workers", "1"], d)
-    log = run([f"{BIN}/fairseq-train", "bin", "--user-dir", USER_DIR, "--arch", "ls_transformer_tiny",
+    make_data_bin(d, n_train=300, n_valid=20, n_test=24)  # target = the source in upper case
+    _, log = run(["fairseq-train", "bin", "--user-dir", USER_DIR, "--arch", "ls_transformer_tiny",
                "--encoder-embed-dim", "32", "--decoder-embed-dim", "32", "--encoder-ffn-embed-dim", "64",
                "--decoder-ffn-embed-dim", "64", "--share-all-embeddings", "--dropout", "0.1",
                "--optimizer", "adam", "--lr", "0.01", "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "5",
@@ -70,7 +39,7 @@ def trained(tmp_path_factory):
 @pytest.fixture(scope="module")
 def hypotheses(trained):
     """fairseq-generate on the ls_transformer checkpoint (run once for the tests below)."""
-    return generate(trained[0], "ckpt/checkpoint_last.pt")
+    return hypotheses_of(trained[0], "ckpt/checkpoint_last.pt")
 
 
 def test_training_loss_decreases(trained):
@@ -98,4 +67,4 @@ def test_converted_checkpoint_decodes_identically_with_fairseq_transformer(train
     import convert_checkpoint
     convert_checkpoint.main([os.path.join(d, "ckpt/checkpoint_last.pt"), os.path.join(d, "fs.pt"), "--to", "fairseq"])
     # --user-dir only for the safe-loader allowlist: the model built is fairseq's transformer_tiny
-    assert generate(d, "fs.pt") == hypotheses
+    assert hypotheses_of(d, "fs.pt") == hypotheses
