@@ -45,8 +45,9 @@ def family(op: str) -> str:
 
 
 def ops_of(public: str, registered):
-    """The compiled ops serving public op `public`."""
-    return [op for op in registered if family(op) in public]
+    """The compiled ops serving public op `public`: those whose family is part of its name, or whose name
+    extends it (plain `dropout` is served by `dropout_mask`)."""
+    return [op for op in registered if family(op) in public or op.startswith(public + "_")]
 
 
 def primary_op(public: str, registered):

@@ -12,38 +12,45 @@ import torch
 
 from . import _backend, reference
 from ._backend import Dropout
+from .reference.attention import CoordsArg, attention_coords
 from .reference.philox import dropout_threshold
 
 
 class AttentionSoftmaxDropoutFunction(torch.autograd.Function):
-    """apply(scores, key_padding_mask, causal, scale, p, seed, offset=0): explicit seed, so tests
-    (gradcheck with dropout) see one fixed mask."""
+    """apply(scores, key_padding_mask, causal, scale, p, seed, offset=0, coords=()): explicit seed, so
+    tests (gradcheck with dropout) see one fixed mask; coords: [] or the 6 ints of an AttentionCoords."""
 
     @staticmethod
-    def forward(ctx, scores, key_padding_mask, causal, scale, p, seed, offset=0):
-        y, out = _backend.ops().attention_softmax_fwd(scores, key_padding_mask, causal, scale, p, seed, offset)
+    def forward(ctx, scores, key_padding_mask, causal, scale, p, seed, offset=0, coords=()):
+        coords = [list(coords)] if len(coords) else []  # INTERIM: kernels without coords yet
+        y, out = _backend.ops().attention_softmax_fwd(scores, key_padding_mask, causal, scale, p, seed, offset,
+                                                      *coords)
         ctx.save_for_backward(y)
-        ctx.args = (scale, p, seed, offset)
+        ctx.args = (scale, p, seed, offset, *coords)
         return y if dropout_threshold(p) == 0 else out
 
     @staticmethod
     def backward(ctx, dout):
         (y,) = ctx.saved_tensors
         dscores = _backend.ops().attention_softmax_bwd(dout, y, *ctx.args)
-        return dscores, None, None, None, None, None, None
+        return dscores, None, None, None, None, None, None, None
 
 
 def attention_softmax_dropout(scores: torch.Tensor, key_padding_mask: Optional[torch.Tensor] = None,
                               causal: bool = False, scale: float = 1.0, p: Union[float, Dropout] = 0.0,
-                              training: bool = True) -> torch.Tensor:
+                              training: bool = True, coords: CoordsArg = None) -> torch.Tensor:
     """dropout(softmax(scale * scores + masks)). scores: [B, H, Tq, Tk] fp32/fp64/bf16 (CPU) or
     fp32/fp16/bf16 (CUDA); key_padding_mask: [B, Tk] bool (True = pad) or None; causal: query i sees
-    keys j <= i + Tk - Tq; p: a Dropout draw over the flat [B, H, Tq, Tk] index, or a float (a fresh
-    seed, offset 0). All-masked rows give zeros. Returns [B, H, Tq, Tk], scores' dtype."""
+    keys j <= i + Tk - Tq (local indices); p: a Dropout draw over the flat [B, H, Tq, Tk] index, or a
+    float (a fresh seed, offset 0); coords: None, or an AttentionCoords (H_tot, h_off, Tq_tot, q_off,
+    Tk_tot, k_off) placing scores in a global [B, H_tot, Tq_tot, Tk_tot] whose flat index the dropout
+    draws instead (a slice of heads, queries or keys then draws the full call's mask). All-masked rows
+    give zeros. Returns [B, H, Tq, Tk], scores' dtype."""
     d = _backend.as_dropout(p, training)
-    if _backend.use_kernel("attention_softmax_fwd", scores.device.type, scores.dtype):
-        return AttentionSoftmaxDropoutFunction.apply(scores, key_padding_mask, causal, scale, *d)
-    return reference.attention_softmax_dropout(scores, key_padding_mask, causal, scale, *d)
+    c = [] if coords is None or len(coords) == 0 else list(attention_coords(coords, scores.shape))
+    if not c and _backend.use_kernel("attention_softmax_fwd", scores.device.type, scores.dtype):  # INTERIM
+        return AttentionSoftmaxDropoutFunction.apply(scores, key_padding_mask, causal, scale, *d, c)
+    return reference.attention_softmax_dropout(scores, key_padding_mask, causal, scale, *d, c)
 
 
 class QkvBiasSplitFunction(torch.autograd.Function):
@@ -97,13 +104,13 @@ def merge_heads(x: torch.Tensor, num_heads: int) -> torch.Tensor:
 
 
 @_backend.register_fake("attention_softmax_fwd")
-def _attention_softmax_fwd_fake(scores, key_padding_mask, causal, scale, p, seed, offset):
+def _attention_softmax_fwd_fake(scores, key_padding_mask, causal, scale, p, seed, offset, coords=()):
     out = torch.empty_like(scores) if dropout_threshold(p) else scores.new_empty((0,))
     return torch.empty_like(scores), out
 
 
 @_backend.register_fake("attention_softmax_bwd")
-def _attention_softmax_bwd_fake(dout, y, scale, p, seed, offset):
+def _attention_softmax_bwd_fake(dout, y, scale, p, seed, offset, coords=()):
     return torch.empty_like(y)
 
 

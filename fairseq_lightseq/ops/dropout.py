@@ -1,4 +1,4 @@
-"""Differentiable bias+dropout+residual and bias+activation+dropout.
+"""Differentiable bias+dropout+residual, bias+activation+dropout and plain dropout.
 
 Dropout masks come from the Philox stream (reference/philox.py, csrc/include/fls/philox.h): each op
 takes its draw as a `_backend.Dropout` (p, seed, offset), or a float p for which a seed is drawn from
@@ -12,6 +12,7 @@ import torch
 from . import _backend, reference
 from ._backend import Dropout
 from .reference.dropout import ACTIVATIONS
+from .reference.philox import apply_keep, dropout_threshold
 
 
 class BiasDropoutResidualFunction(torch.autograd.Function):
@@ -81,6 +82,44 @@ def dropout_mask(numel: int, p: float, seed: int, offset: int = 0, device="cpu")
     """Keep bits [numel] bool of the draw (p, seed) for stream elements offset .. offset+numel-1, from
     the compiled generator (the one every fused dropout uses); reference.keep_mask is its spec."""
     return _backend.ops().dropout_mask(numel, p, seed, offset, torch.device(device))
+
+
+class DropoutFunction(torch.autograd.Function):
+    """x * keep / (1 - p) with keep from the compiled dropout_mask; apply(x, p, seed, offset). Backward
+    multiplies by the same mask, regenerated from (p, seed, offset) rather than saved (the other
+    dropouts do the same: nothing of the mask is kept between forward and backward)."""
+
+    @staticmethod
+    def forward(ctx, x, p, seed, offset):
+        ctx.draw = (p, seed, offset)
+        return apply_keep(x, dropout_mask(x.numel(), p, seed, offset, x.device).view(x.shape), p)
+
+    @staticmethod
+    def backward(ctx, dy):
+        p, seed, offset = ctx.draw
+        return apply_keep(dy, dropout_mask(dy.numel(), p, seed, offset, dy.device).view(dy.shape), p), None, None, None
+
+
+def _mask_compiled(device: torch.device) -> bool:
+    """Whether the compiled dropout_mask draws on `device`. It is registered for every backend (it
+    has no tensor argument to dispatch on), so has_kernel does not see it: CPU whenever the library
+    is loaded, CUDA in a CUDA build. Otherwise warns once (use_kernel) and returns False."""
+    if _backend._C is not None and (device.type == "cpu" or (device.type == "cuda" and _backend.BUILD_INFO["with_cuda"])):
+        return True
+    return _backend.use_kernel("dropout_mask", device.type)
+
+
+def dropout(x: torch.Tensor, p: Union[float, Dropout], training: bool = True) -> torch.Tensor:
+    """x * keep / (1 - p), keep = the Philox mask over x's flat (row-major) index: element e draws stream
+    element offset + e. x: any shape and float dtype; p: a Dropout draw, or a float (a fresh seed,
+    offset 0). Returns x's shape and dtype (x itself when off: not training, or floor(p * 2^24) == 0).
+    The dropout of fairseq's --layernorm-embedding; reference.dropout is its spec."""
+    d = _backend.as_dropout(p, training)
+    if dropout_threshold(d.p) == 0:
+        return x
+    if _mask_compiled(x.device):
+        return DropoutFunction.apply(x, *d)
+    return reference.dropout(x, *d)
 
 
 @_backend.register_fake("bias_dropout_residual_fwd")

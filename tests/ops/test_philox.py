@@ -7,7 +7,6 @@ import torch
 
 from support.tensors import HAS_CUDA  # noqa: F401
 from fairseq_lightseq import ops
-from fairseq_lightseq.ops import dropout as dropout_ops
 from fairseq_lightseq.ops.reference import philox
 
 # Random123's known-answer vectors for philox4x32_10: (counter, key) -> output.
@@ -33,7 +32,7 @@ def _compiled_top24(group, seed):
     hi = torch.full((4,), 1 << 24, dtype=torch.int64)  # u >> 8 in [lo, hi)
     for _ in range(24):
         mid = (lo + hi) // 2
-        keep = torch.stack([dropout_ops.dropout_mask(1, int(m) / 2**24, seed, 4 * group + k)[0] for k, m in enumerate(mid)])
+        keep = torch.stack([ops.dropout_mask(1, int(m) / 2**24, seed, 4 * group + k)[0] for k, m in enumerate(mid)])
         lo = torch.where(keep, mid, lo)
         hi = torch.where(keep, hi, mid)
     return [int(v) for v in lo]
@@ -49,41 +48,41 @@ def test_compiled_generator_known_answer_zero_counter_zero_key():
 @pytest.mark.parametrize("numel", [1, 3, 4, 7, 4097])
 def test_cpu_mask_equals_reference(seed, offset, numel):
     p = 0.37
-    got = dropout_ops.dropout_mask(numel, p, seed, offset, "cpu")
+    got = ops.dropout_mask(numel, p, seed, offset, "cpu")
     assert got.dtype == torch.bool and got.shape == (numel,)
     assert torch.equal(got, philox.keep_mask(numel, p, seed, offset))
 
 
 @pytest.mark.parametrize("p", [0.0, 1e-9, 0.1, 0.5, 0.9, 1.0])
 def test_cpu_mask_equals_reference_over_p(p):
-    assert torch.equal(dropout_ops.dropout_mask(10001, p, 99, 13, "cpu"), philox.keep_mask(10001, p, 99, 13))
+    assert torch.equal(ops.dropout_mask(10001, p, 99, 13, "cpu"), philox.keep_mask(10001, p, 99, 13))
 
 
 def test_mask_of_a_shifted_window_is_a_slice():
-    full = dropout_ops.dropout_mask(1000, 0.3, 5, 0)
-    assert torch.equal(dropout_ops.dropout_mask(500, 0.3, 5, 217), full[217:717])
+    full = ops.dropout_mask(1000, 0.3, 5, 0)
+    assert torch.equal(ops.dropout_mask(500, 0.3, 5, 217), full[217:717])
 
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("offset", [0, 3, (1 << 34) + 1])
 def test_cuda_mask_equals_cpu_mask(offset):
     for numel in [1, 5, 4097, 1 << 20]:
-        cpu = dropout_ops.dropout_mask(numel, 0.25, -31, offset, "cpu")
-        gpu = dropout_ops.dropout_mask(numel, 0.25, -31, offset, "cuda")
+        cpu = ops.dropout_mask(numel, 0.25, -31, offset, "cpu")
+        gpu = ops.dropout_mask(numel, 0.25, -31, offset, "cuda")
         assert torch.equal(gpu.cpu(), cpu)
 
 
 @pytest.mark.parametrize("p", [0.1, 0.5, 0.9])
 def test_kept_fraction_within_binomial_bounds(p):
     n = 1 << 20
-    kept = int(dropout_ops.dropout_mask(n, p, 2024, 0).sum())
+    kept = int(ops.dropout_mask(n, p, 2024, 0).sum())
     sd = math.sqrt(n * p * (1 - p))
     assert abs(kept - n * (1 - p)) < 6 * sd
 
 
 def test_masks_of_different_seeds_are_uncorrelated():
-    a = dropout_ops.dropout_mask(1 << 16, 0.5, 1, 0).float()
-    b = dropout_ops.dropout_mask(1 << 16, 0.5, 2, 0).float()
+    a = ops.dropout_mask(1 << 16, 0.5, 1, 0).float()
+    b = ops.dropout_mask(1 << 16, 0.5, 2, 0).float()
     assert abs(float(((a - 0.5) * (b - 0.5)).mean()) * 4) < 6 / math.sqrt(1 << 16)
 
 

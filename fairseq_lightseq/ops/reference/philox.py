@@ -42,18 +42,23 @@ def dropout_threshold(p: float) -> int:
     return int(p * 16777216.0)
 
 
-def keep_mask(numel: int, p: float, seed: int, offset: int = 0, device=None) -> torch.Tensor:
-    """Keep bits [numel] bool of the draw (p, seed, offset) for stream elements offset..offset+numel-1."""
-    if offset < 0:
-        raise ValueError(f"dropout offset must be >= 0, got {offset}")
+def keep_bits(e: torch.Tensor, p: float, seed: int) -> torch.Tensor:
+    """Keep bits (bool, e's shape) of the stream elements e (int64 tensor, any shape, values >= 0) of
+    the draw (p, seed)."""
     threshold = dropout_threshold(p)
-    e = torch.arange(offset, offset + numel, dtype=torch.int64, device=device)
     group, lane = e >> 2, e & 3
     seed &= (1 << 64) - 1
     zeros = torch.zeros_like(group)
     outs = philox4x32_10(group & _U32, (group >> 32) & _U32, zeros, zeros, seed & _U32, seed >> 32)
     u = torch.stack(outs, dim=-1).gather(-1, lane.unsqueeze(-1)).squeeze(-1)
     return (u >> 8) >= threshold
+
+
+def keep_mask(numel: int, p: float, seed: int, offset: int = 0, device=None) -> torch.Tensor:
+    """Keep bits [numel] bool of the draw (p, seed, offset) for stream elements offset..offset+numel-1."""
+    if offset < 0:
+        raise ValueError(f"dropout offset must be >= 0, got {offset}")
+    return keep_bits(torch.arange(offset, offset + numel, dtype=torch.int64, device=device), p, seed)
 
 
 def dropout_scale(p: float) -> float:
@@ -66,5 +71,9 @@ def dropout(x: torch.Tensor, p: float, seed: int, offset: int = 0) -> torch.Tens
     when the threshold is 0 (p < 2^-24)."""
     if dropout_threshold(p) == 0:
         return x
-    keep = keep_mask(x.numel(), p, seed, offset, x.device).view(x.shape)
+    return apply_keep(x, keep_mask(x.numel(), p, seed, offset, x.device).view(x.shape), p)
+
+
+def apply_keep(x: torch.Tensor, keep: torch.Tensor, p: float) -> torch.Tensor:
+    """x * keep / (1 - p), keep: bool, x's shape (the one expression every dropout of the spec uses)."""
     return x * keep.to(x.dtype) * dropout_scale(p)
