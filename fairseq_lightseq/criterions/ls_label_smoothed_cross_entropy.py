@@ -7,6 +7,7 @@ accuracy computation change. Models with an adaptive softmax fall back to fairse
 from dataclasses import dataclass
 
 import torch
+from fairseq import utils
 from fairseq.criterions import register_criterion
 from fairseq.criterions.label_smoothed_cross_entropy import (
     LabelSmoothedCrossEntropyCriterion,
@@ -36,10 +37,47 @@ class LsLabelSmoothedCrossEntropyCriterion(LabelSmoothedCrossEntropyCriterion):
         decoder = getattr(model, "decoder", None)
         return getattr(decoder, "adaptive_softmax", None) is None
 
+    def forward(self, model, sample, reduce=True):
+        """fairseq's forward; under sequence parallelism (the decoder returned this rank's rows) the
+        counts are this rank's share, so that fairseq's sums over all ranks count everything once:
+        ntokens and sample_size are the local target tokens, nsentences (and sample_size under
+        --sentence-avg) come from SP rank 0 only."""
+        net_output = model(**sample["net_input"])
+        shard = net_output[1].get("sequence_parallel") if isinstance(net_output[1], dict) else None
+        if shard is None:
+            loss, sample_size, logging_output = self._outputs(model, net_output, sample, reduce)
+            return loss, sample_size, logging_output
+        ntokens = int(self._target(model, net_output, sample).ne(self.padding_idx).sum())
+        nsentences = sample["target"].size(0) if shard.rank == 0 else 0
+        counts = {"ntokens": ntokens, "nsentences": nsentences}
+        return self._outputs(model, net_output, sample, reduce, counts, nsentences if self.sentence_avg else ntokens)
+
+    def _outputs(self, model, net_output, sample, reduce, counts=None, sample_size=None):
+        """(loss, sample_size, logging_output) as fairseq's forward computes them, with the counts given."""
+        loss, nll_loss = self.compute_loss(model, net_output, sample, reduce=reduce)
+        if counts is None:
+            counts = {"ntokens": sample["ntokens"], "nsentences": sample["target"].size(0)}
+            sample_size = counts["nsentences"] if self.sentence_avg else counts["ntokens"]
+        logging_output = {"loss": loss.data, "nll_loss": nll_loss.data, **counts, "sample_size": sample_size}
+        if self.report_accuracy:
+            n_correct, total = self.compute_accuracy(model, net_output, sample)
+            logging_output["n_correct"] = utils.item(n_correct.data)
+            logging_output["total"] = utils.item(total.data)
+        return loss, sample_size, logging_output
+
+    def _target(self, model, net_output, sample):
+        """The target [B, T] int64, or under sequence parallelism this rank's columns of it (padded with
+        pad tokens like the decoder's input, so the padding adds nothing to the loss)."""
+        target = model.get_targets(sample, net_output)
+        shard = net_output[1].get("sequence_parallel") if isinstance(net_output[1], dict) else None
+        if shard is not None:
+            target = shard.local(shard.pad(target, self.padding_idx))
+        return target
+
     def get_logits_and_target(self, model, net_output, sample):
         """Logits [N, V] (the model's dtype) and target [N] int64, with the ignored prefix cut off."""
         logits = net_output[0]
-        target = model.get_targets(sample, net_output)
+        target = self._target(model, net_output, sample)
         if self.ignore_prefix_size > 0:
             logits = logits[:, self.ignore_prefix_size:, :]
             target = target[:, self.ignore_prefix_size:]

@@ -10,6 +10,7 @@ from fairseq.models.transformer import TransformerModel
 from fairseq.models.transformer import transformer_legacy as fs
 
 from ..modules.transformer import LSTransformerDecoder, LSTransformerEncoder
+from ..sequence_parallel import options as sequence_parallel_options
 from ..modules.transformer_layer import FAIRSEQ_ACTIVATIONS
 
 
@@ -64,10 +65,19 @@ class LSTransformerModel(TransformerModel):
         return {}
 
     @classmethod
+    def add_args(cls, parser):
+        super().add_args(parser)
+        sequence_parallel_options.add_args(parser)
+
+    @classmethod
     def build_model(cls, args, task):
         fs.base_architecture(args)
         check_supported(args)
-        return super().build_model(args, task)
+        sequence_parallel_options.check(args)
+        model = super().build_model(args, task)
+        sp = sequence_parallel_options.setup(args, task)
+        model.encoder.sequence_parallel = model.decoder.sequence_parallel = sp
+        return model
 
     @classmethod
     def build_encoder(cls, cfg, src_dict, embed_tokens):

@@ -12,13 +12,19 @@ classes are built.
 from typing import Any, Dict, List, Optional
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
+
+from fairseq import utils
 
 from fairseq.distributed import fsdp_wrap
 from fairseq.models.transformer import TransformerConfig, TransformerDecoderBase, TransformerEncoderBase
 from fairseq.modules.checkpoint_activations import checkpoint_wrapper
 
+from .. import ops
 from ..ops import _backend
+from ..sequence_parallel.collectives import all_gather
+from ..sequence_parallel.sharding import SequenceParallel, Shard, shard_or_none
 from .embedding import embed_time_major
 from .transformer_layer import SITES_PER_LAYER, LSTransformerDecoderLayer, LSTransformerEncoderLayer, _layer_norm
 
@@ -49,14 +55,41 @@ def _wrap_layer(layer, cfg):
     return fsdp_wrap(layer, min_num_params=min_params_to_wrap)
 
 
-def _dropout(x: Tensor, p: float, training: bool) -> Tensor:
-    return torch.nn.functional.dropout(x, p, training) if p > 0 else x
-
-
 class _DropoutStreamMixin:
     """One Philox seed per encoder/decoder forward: the embedding takes site 0 of its stream, layer
     i the sites 1 + i * SITES_PER_LAYER onwards. One draw from torch's generator per forward (none
-    when no dropout is configured) instead of one per dropout call."""
+    when no dropout is configured) instead of one per dropout call. Also the embedding and the rows
+    a forward runs, which sequence parallelism shards."""
+
+    # Set by LSTransformerModel.build_model when --sequence-parallel-size > 1 in a distributed run.
+    sequence_parallel: Optional[SequenceParallel] = None
+
+    def _rows(self, tokens: Tensor, shard: Optional[Shard]):
+        """The rows this forward runs: (tokens [B, T'], positions [B, T'] or None for fairseq's
+        make_positions, a bound of the positions, the attention's key padding mask [B, T_keys]).
+        Unsharded: the tokens, None, padding_idx + T, the mask. Sharded: this rank's rows of the padded
+        tokens, their positions numbered over whole rows, and the padded mask of all rows."""
+        if shard is None:
+            return tokens, None, self.padding_idx + tokens.size(1), tokens.eq(self.padding_idx)
+        padded = shard.pad(tokens, self.padding_idx)
+        positions = utils.make_positions(padded, self.padding_idx)
+        return (shard.local(padded), shard.local(positions), self.padding_idx + shard.padded,
+                padded.eq(self.padding_idx))
+
+    def _embed(self, tokens: Tensor, positions: Optional[Tensor], max_position: int, seed: Optional[int],
+               active: bool, shard: Optional[Shard]) -> Tensor:
+        """dropout([layernorm_embedding](scale * embed_tokens + embed_positions)) as [T', B, E], the
+        dropout at site 0 of the forward's stream (moved to the shard's first row)."""
+        B, E = tokens.size(0), self.embed_tokens.embedding_dim
+        d = _backend.draw(self.dropout_module.p, active, seed, 0)
+        if shard is not None:
+            d = shard.token_offset(d, B, E)
+        if self.layernorm_embedding is None:
+            return embed_time_major(tokens, self.embed_tokens, self.embed_positions, self.embed_scale, d, active,
+                                    positions=positions, max_position=max_position)
+        x = embed_time_major(tokens, self.embed_tokens, self.embed_positions, self.embed_scale, 0.0, active,
+                             positions=positions, max_position=max_position)
+        return ops.dropout(_layer_norm(self.layernorm_embedding, x), d, active)
 
     @property
     def dropout_active(self) -> bool:
@@ -101,21 +134,19 @@ class LSTransformerEncoder(_DropoutStreamMixin, TransformerEncoderBase):
         # device sync (an all-False mask gives the same result).
         encoder_padding_mask = src_tokens.eq(self.padding_idx)
         seed, active = self._forward_seed(), self.dropout_active
-        p = self.dropout_module.p
-        if self.layernorm_embedding is None:
-            x = embed_time_major(src_tokens, self.embed_tokens, self.embed_positions, self.embed_scale,
-                                 _backend.draw(p, active, seed, 0), active)
-        else:
-            x = embed_time_major(src_tokens, self.embed_tokens, self.embed_positions, self.embed_scale, 0.0,
-                                 active)
-            x = _dropout(_layer_norm(self.layernorm_embedding, x), p, active)
+        # Sequence parallelism: this rank embeds and runs its rows of the padded source; the layers'
+        # attention gets the padded mask of all rows.
+        shard = shard_or_none(self.sequence_parallel, src_tokens.size(1))
+        tokens, positions, max_position, layer_mask = self._rows(src_tokens, shard)
+        x = self._embed(tokens, positions, max_position, seed, active, shard)
+        if self.layernorm_embedding is not None:
             # as fairseq: the embedding layer norm made the pad positions non-zero
-            x = x * (~encoder_padding_mask).t().unsqueeze(-1).to(x.dtype)
+            x = x * tokens.ne(self.padding_idx).t().unsqueeze(-1).to(x.dtype)
 
         encoder_states = [x] if return_all_hiddens else []
         for i, layer in enumerate(self.layers):
-            x = layer(x, encoder_padding_mask=encoder_padding_mask, dropout_seed=seed,
-                      dropout_site=1 + i * SITES_PER_LAYER)
+            x = layer(x, encoder_padding_mask=layer_mask, dropout_seed=seed, dropout_site=1 + i * SITES_PER_LAYER,
+                      **({} if shard is None else {"shard": shard}))
             if return_all_hiddens:
                 encoder_states.append(x)
         if self.layer_norm is not None:
@@ -123,7 +154,7 @@ class LSTransformerEncoder(_DropoutStreamMixin, TransformerEncoderBase):
 
         src_lengths = (~encoder_padding_mask).sum(dim=1, dtype=torch.int32).reshape(-1, 1).contiguous()
         return {
-            "encoder_out": [x],  # S x B x E
+            "encoder_out": [x],  # S x B x E (sequence parallelism: this rank's S_pad/P rows)
             "encoder_padding_mask": [encoder_padding_mask],  # B x S
             "encoder_embedding": [],
             "encoder_states": encoder_states,
@@ -171,23 +202,26 @@ class LSTransformerDecoder(_DropoutStreamMixin, TransformerDecoderBase):
         if encoder_out is not None and len(encoder_out["encoder_padding_mask"]) > 0:
             padding_mask = encoder_out["encoder_padding_mask"][0]
 
-        positions = None
-        tokens = prev_output_tokens
+        seed, active = self._forward_seed(), self.dropout_active
+        shard = shard_or_none(self.sequence_parallel, slen, incremental_state is not None)
+        sharded = {}
         if incremental_state is not None:
             # fairseq: a generation step sits at position padding_idx + slen, whatever the padding
             tokens = prev_output_tokens[:, -1:]
-            positions = torch.full_like(tokens, self.padding_idx + slen)
-        seed, active = self._forward_seed(), self.dropout_active
-        p = self.dropout_module.p
-        p_embed = p if self.layernorm_embedding is None else 0.0
-        x = embed_time_major(tokens, self.embed_tokens, self.embed_positions, self.embed_scale,
-                             _backend.draw(p_embed, active, seed, 0), active, positions=positions,
-                             max_position=self.padding_idx + slen)
-        if self.layernorm_embedding is not None:
-            x = _dropout(_layer_norm(self.layernorm_embedding, x), p, active)
-
-        # Always the padding mask (all False without padding): asking would cost a device sync.
-        self_attn_padding_mask = tokens.eq(self.padding_idx)
+            positions, max_position = torch.full_like(tokens, self.padding_idx + slen), self.padding_idx + slen
+            # Always the padding mask (all False without padding): asking would cost a device sync.
+            self_attn_padding_mask = tokens.eq(self.padding_idx)
+        else:
+            tokens, positions, max_position, self_attn_padding_mask = self._rows(prev_output_tokens, shard)
+        if shard is not None:
+            sharded = {"shard": shard}
+            if enc is not None:
+                # every rank's queries see every source row: gathered once for all layers (its
+                # backward is one reduce-scatter)
+                sharded["encoder_total"] = padding_mask.size(1)
+                enc = all_gather(enc, 0, shard.group)
+                padding_mask = F.pad(padding_mask, (0, enc.size(0) - padding_mask.size(1)), value=True)
+        x = self._embed(tokens, positions, max_position, seed, active, shard)
 
         attn: Optional[Tensor] = None
         inner_states: List[Optional[Tensor]] = [x]
@@ -196,7 +230,7 @@ class LSTransformerDecoder(_DropoutStreamMixin, TransformerDecoderBase):
                                   self_attn_padding_mask=self_attn_padding_mask,
                                   causal=not full_context_alignment,
                                   need_attn=idx == alignment_layer and not self.training,
-                                  dropout_seed=seed, dropout_site=1 + idx * SITES_PER_LAYER)
+                                  dropout_seed=seed, dropout_site=1 + idx * SITES_PER_LAYER, **sharded)
             inner_states.append(x)
             if layer_attn is not None and idx == alignment_layer:
                 attn = layer_attn.float().to(x)
@@ -206,7 +240,10 @@ class LSTransformerDecoder(_DropoutStreamMixin, TransformerDecoderBase):
         x = x.transpose(0, 1)  # T x B x C -> B x T x C
         if self.project_out_dim is not None:
             x = self.project_out_dim(x)
-        return x, {"attn": [attn], "inner_states": inner_states}
+        extra = {"attn": [attn], "inner_states": inner_states}
+        if shard is not None:
+            extra["sequence_parallel"] = shard  # the rows x holds, for the criterion's targets
+        return x, extra
 
     def forward(self, prev_output_tokens, encoder_out=None, incremental_state=None, features_only: bool = False,
                 full_context_alignment: bool = False, alignment_layer: Optional[int] = None,

@@ -33,6 +33,8 @@ from .. import ops
 from ..ops import _backend
 from ..ops.blocks import AttentionBlockConfig, AttentionBlockFunction, FeedForwardBlockConfig, FeedForwardBlockFunction
 from ..ops.reference.dropout import ACTIVATIONS
+from ..sequence_parallel.attention import sharded_attention
+from ..sequence_parallel.sharding import Shard
 from .multihead_attention import IncrementalState, LSMultiheadAttention, use_sdpa
 
 # fairseq --activation-fn -> the ops' activation (one of ACTIVATIONS).
@@ -88,8 +90,14 @@ class _TransformerLayerBase(nn.Module):
         FairseqDropout modules (FairseqDropout.forward's rule; both carry the layer's fairseq name)."""
         return self.training or self.dropout_module.apply_during_inference
 
-    def _draw(self, p: float, seed: Optional[int], site: int) -> ops.Dropout:
-        return _backend.draw(p, self.dropout_active, seed, site)
+    def _draw(self, p: float, seed: Optional[int], site: int, shard: Optional[Shard] = None,
+              x: Optional[Tensor] = None, width: Optional[int] = None) -> ops.Dropout:
+        """The draw of a dropout site. With a shard, the draw of a token-wise op over this rank's rows of
+        x ([T/P, B, E]; `width` replaces E for the FFN's hidden activations)."""
+        d = _backend.draw(p, self.dropout_active, seed, site)
+        if shard is None:
+            return d
+        return shard.token_offset(d, x.shape[1], width or x.shape[2])
 
     def _use_blocks(self, x: Tensor) -> bool:
         """The one-node blocks need every op's kernel for x's device and one dtype throughout; under
@@ -111,39 +119,53 @@ class _TransformerLayerBase(nn.Module):
         return AttentionBlockFunction.apply(x, memory, key_padding_mask, ln.weight, ln.bias, q.weight, q.bias,
                                             k.weight, k.bias, v.weight, v.bias, o.weight, o.bias, cfg)
 
-    def _ffn_block(self, x: Tensor, seed: Optional[int], site: int) -> Tensor:
+    def _ffn_block(self, x: Tensor, seed: Optional[int], site: int, shard: Optional[Shard] = None) -> Tensor:
         ln = self.final_layer_norm
-        cfg = FeedForwardBlockConfig(self.activation, self._draw(self.activation_dropout_module.p, seed, site),
-                                     self._draw(self.dropout_module.p, seed, site + 1), self.normalize_before, ln.eps)
+        cfg = FeedForwardBlockConfig(self.activation,
+                                     self._draw(self.activation_dropout_module.p, seed, site, shard, x, self.fc1.out_features),
+                                     self._draw(self.dropout_module.p, seed, site + 1, shard, x), self.normalize_before,
+                                     ln.eps)
         return FeedForwardBlockFunction.apply(x, ln.weight, ln.bias, self.fc1.weight, self.fc1.bias,
                                               self.fc2.weight, self.fc2.bias, cfg)
 
     # ---- the per-op chain -----------------------------------------------------------------------
 
     def _attention_chain(self, attn: LSMultiheadAttention, ln: nn.LayerNorm, x: Tensor, seed: Optional[int],
-                         site: int, **attn_kwargs):
-        """Returns (x [T, B, E], attention weights or None)."""
+                         site: int, shard: Optional[Shard] = None, **attn_kwargs):
+        """Returns (x [T, B, E], attention weights or None). With a shard (sequence parallelism), x is
+        this rank's rows and attn_kwargs are sharded_attention's (memory, key_padding_mask, causal, k_total)."""
         residual = x
         if self.normalize_before:
             x = _layer_norm(ln, x)
-        attn_out, weights = attn(x, attn_dropout=_backend.draw(attn.dropout_module.p, attn.dropout_active, seed, site),
-                                 **attn_kwargs)
-        x = ops.bias_dropout_residual(attn_out, attn.out_proj.bias, residual, self._draw(self.dropout_module.p, seed, site + 1))
+        attn_dropout = _backend.draw(attn.dropout_module.p, attn.dropout_active, seed, site)
+        if shard is None:
+            attn_out, weights = attn(x, attn_dropout=attn_dropout, **attn_kwargs)
+        else:
+            attn_out, weights = sharded_attention(attn, x, dropout=attn_dropout, q_shard=shard, **attn_kwargs), None
+        x = ops.bias_dropout_residual(attn_out, attn.out_proj.bias, residual,
+                                      self._draw(self.dropout_module.p, seed, site + 1, shard, residual))
         if not self.normalize_before:
             x = _layer_norm(ln, x)
         return x, weights
 
-    def _ffn_chain(self, x: Tensor, seed: Optional[int], site: int) -> Tensor:
+    def _ffn_chain(self, x: Tensor, seed: Optional[int], site: int, shard: Optional[Shard] = None) -> Tensor:
         residual = x
         if self.normalize_before:
             x = _layer_norm(self.final_layer_norm, x)
         h = ops.bias_act_dropout(F.linear(x, self.fc1.weight), self.fc1.bias,
-                                 self._draw(self.activation_dropout_module.p, seed, site), self.activation)
+                                 self._draw(self.activation_dropout_module.p, seed, site, shard, x, self.fc1.out_features),
+                                 self.activation)
         x = ops.bias_dropout_residual(F.linear(h, self.fc2.weight), self.fc2.bias, residual,
-                                      self._draw(self.dropout_module.p, seed, site + 1))
+                                      self._draw(self.dropout_module.p, seed, site + 1, shard, residual))
         if not self.normalize_before:
             x = _layer_norm(self.final_layer_norm, x)
         return x
+
+    def _ffn(self, x: Tensor, seed: Optional[int], site: int, shard: Optional[Shard] = None) -> Tensor:
+        """The FFN sublayer: token-wise, so a shard only moves its dropout offsets."""
+        if self._use_blocks(x):
+            return self._ffn_block(x, seed, site, shard)
+        return self._ffn_chain(x, seed, site, shard)
 
     def _seed(self, seed: Optional[int]) -> Optional[int]:
         """The forward's seed, or one drawn here when the layer is called on its own with dropout on."""
@@ -173,11 +195,16 @@ class LSTransformerEncoderLayer(_TransformerLayerBase):
         self._build_ffn(embed_dim, ffn_dim)
 
     def forward(self, x: Tensor, encoder_padding_mask: Optional[Tensor] = None, dropout_seed: Optional[int] = None,
-                dropout_site: int = 0) -> Tensor:
+                dropout_site: int = 0, shard: Optional[Shard] = None) -> Tensor:
         """x: [T, B, E]; encoder_padding_mask: [B, T] bool, True at padding; dropout_seed: the forward's
         Philox seed (None: drawn here if dropout is on); dropout_site: this layer's first dropout
-        site (4 used). Returns [T, B, E]."""
+        site (4 used); shard: with sequence parallelism, the rows x holds ([T_pad/P, B, E]; the mask
+        is then the padded [B, T_pad] one). Returns x's shape."""
         seed, k = self._seed(dropout_seed), dropout_site
+        if shard is not None:
+            x, _ = self._attention_chain(self.self_attn, self.self_attn_layer_norm, x, seed, k, shard, memory=None,
+                                         key_padding_mask=encoder_padding_mask, causal=False, k_total=shard.total)
+            return self._ffn(x, seed, k + 2, shard)
         if self._use_blocks(x):
             x = self._attention_block(self.self_attn, self.self_attn_layer_norm, x, None, encoder_padding_mask,
                                       False, seed, k)
@@ -221,16 +248,27 @@ class LSTransformerDecoderLayer(_TransformerLayerBase):
                 encoder_padding_mask: Optional[Tensor] = None,
                 incremental_state: Optional[IncrementalState] = None,
                 self_attn_padding_mask: Optional[Tensor] = None, causal: bool = True,
-                need_attn: bool = False, dropout_seed: Optional[int] = None, dropout_site: int = 0):
+                need_attn: bool = False, dropout_seed: Optional[int] = None, dropout_site: int = 0,
+                shard: Optional[Shard] = None, encoder_total: Optional[int] = None):
         """
         x: [T, B, E] (T = 1 in a generation step); encoder_out: [S, B, E_enc];
         encoder_padding_mask: [B, S] bool; self_attn_padding_mask: [B, T] bool or None;
         causal: mask future positions (off only for full-context alignment); dropout_seed,
-        dropout_site: as the encoder layer's (6 sites used).
+        dropout_site: as the encoder layer's (6 sites used). shard: with sequence parallelism, the
+        rows x holds ([T_pad/P, B, E]; self_attn_padding_mask is then [B, T_pad], encoder_out the
+        gathered [S_pad, B, E_enc] with its [B, S_pad] mask, encoder_total = S).
         Returns (x [T, B, E], encoder attention averaged over heads [B, T, S] if need_attn else None).
         """
         seed, k = self._seed(dropout_seed), dropout_site
         cross = self.encoder_attn is not None and encoder_out is not None
+        if shard is not None:
+            x, _ = self._attention_chain(self.self_attn, self.self_attn_layer_norm, x, seed, k, shard, memory=None,
+                                         key_padding_mask=self_attn_padding_mask, causal=causal, k_total=shard.total)
+            if cross:
+                x, _ = self._attention_chain(self.encoder_attn, self.encoder_attn_layer_norm, x, seed, k + 2, shard,
+                                             memory=encoder_out, key_padding_mask=encoder_padding_mask, causal=False,
+                                             k_total=encoder_total)
+            return self._ffn(x, seed, k + 4, shard), None
         need_weights = need_attn and self.need_attn
         if incremental_state is None and not (cross and need_weights) and self._use_blocks(x):
             x = self._attention_block(self.self_attn, self.self_attn_layer_norm, x, None, self_attn_padding_mask,

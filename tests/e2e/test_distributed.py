@@ -7,14 +7,12 @@ two ranks started as SLURM or a hand launch would (--distributed-init-method tcp
 hands out the batches round-robin; no dropout), so the logged losses must match up to float summation
 order. Marked `e2e`."""
 import os
-import socket
-import subprocess
 import sys
 
 import pytest
 import torch
 
-from support.cli import BIN, env, falls, losses, make_data_bin, run, train_args
+from support.cli import BIN, by_hand, falls, free_port, losses, make_data_bin, run, train_args
 
 pytestmark = pytest.mark.e2e
 
@@ -39,29 +37,6 @@ def one_process(data_bin, tmp_path_factory):
     return update_freq_2(data_bin, tmp_path_factory.mktemp("single"))
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def two_ranks(cmds, cwd):
-    """Runs the commands concurrently; returns their logs (each must exit 0)."""
-    procs = [subprocess.Popen(c, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env())
-             for c in cmds]
-    logs = []
-    try:
-        for p in procs:
-            logs.append(p.communicate(timeout=300)[0])
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-    for p, log in zip(procs, logs):
-        assert p.returncode == 0, log[-4000:]
-    return logs
-
-
 def check_matches(log, one_process):
     xs = losses(log)
     assert len(xs) == UPDATES, log[-3000:]
@@ -70,13 +45,9 @@ def check_matches(log, one_process):
 
 def ranks_by_hand(data_bin, d, ddp_backend, cpu=True):
     """2 ranks started as SLURM or a hand launch would, over gloo; returns rank 0's log."""
-    common = [os.path.join(BIN, "fairseq-train"), *train_args(data_bin, d, UPDATES, cpu=cpu),
-              "--distributed-world-size", "2", "--distributed-backend", "gloo",
-              "--distributed-init-method", f"tcp://127.0.0.1:{free_port()}", "--distributed-no-spawn",
-              "--ddp-backend", ddp_backend]
-    logs = two_ranks([[*common, "--distributed-rank", str(r)] for r in (0, 1)], str(d))
-    assert "distributed init (rank 1)" in logs[1] and f"'ddp_backend': '{ddp_backend}'" in logs[0]
-    return logs[0]
+    (_, log0), (_, log1) = by_hand(train_args(data_bin, d, UPDATES, cpu=cpu), 2, d, ddp_backend=ddp_backend)
+    assert "distributed init (rank 1)" in log1 and f"'ddp_backend': '{ddp_backend}'" in log0
+    return log0
 
 
 @pytest.mark.parametrize("ddp_backend", ["legacy_ddp", "no_c10d", "pytorch_ddp"])

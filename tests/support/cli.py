@@ -10,6 +10,7 @@ Both are preprocessed with a joined dictionary.
 import os
 import random
 import re
+import socket
 import subprocess
 import sys
 
@@ -145,3 +146,38 @@ def falls(xs, by=0.5):
 def per_update(log):
     """[(num_updates, loss, nll_loss, lr)] from --log-format json --log-interval 1 output."""
     return [(int(r["num_updates"]), float(r["loss"]), float(r["nll_loss"]), float(r["lr"])) for r in train_inner(log)]
+
+
+def free_port():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def run_ranks(cmds, cwd, check=True, timeout=300):
+    """Runs the commands concurrently (one per rank); returns [(returncode, log)] (each must exit 0 when
+    `check`)."""
+    procs = [subprocess.Popen(c, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env())
+             for c in cmds]
+    logs = []
+    try:
+        for p in procs:
+            logs.append(p.communicate(timeout=timeout)[0])
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    if check:
+        for p, log in zip(procs, logs):
+            assert p.returncode == 0, log[-4000:]
+    return [(p.returncode, log) for p, log in zip(procs, logs)]
+
+
+def by_hand(args, world: int, cwd, check=True, ddp_backend="legacy_ddp"):
+    """fairseq-train `args` on `world` CPU ranks over gloo, started as SLURM or a hand launch would
+    (--distributed-init-method tcp://..., --distributed-rank r, --distributed-no-spawn); returns
+    [(returncode, log)] per rank."""
+    common = [os.path.join(BIN, "fairseq-train"), *args, "--distributed-world-size", str(world),
+              "--distributed-backend", "gloo", "--distributed-init-method", f"tcp://127.0.0.1:{free_port()}",
+              "--distributed-no-spawn", "--ddp-backend", ddp_backend]
+    return run_ranks([[*common, "--distributed-rank", str(r)] for r in range(world)], str(cwd), check=check)

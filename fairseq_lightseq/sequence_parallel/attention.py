@@ -1,0 +1,119 @@
+"""Attention over time-sharded inputs: the only sublayer of a sequence-parallel layer that communicates.
+
+Both modes give every rank's rows the single-process result, dropout included: the attention op is
+called with the coordinates of its local [B, H_loc, Tq_loc, Tk_loc] scores in the global unpadded
+[B, H, Tq, Tk] (ops.AttentionCoords), so each probability draws the Philox element it draws in one
+process. Masks: the key padding mask is the full [B, Tk_pad] one (computed from the padded tokens on
+every rank); the causal rule stays the op's lower-right one on local indices, which is the global
+rule because each rank's keys start at global key 0 (ulysses: all keys; allgather: keys truncated at
+the rank's causal horizon).
+
+ulysses (self-attention): the packed [T/P, B, 3, H, hd] projections are exchanged by one all-to-all
+into [T, B, 3, H/P, hd] (all rows of this rank's heads); attention runs on full rows; a second
+all-to-all returns [T/P, B, H, hd]. Cross-attention: the queries go through the same exchange, and the
+keys/values of this rank's heads only are projected from the gathered encoder output.
+
+allgather (LSS): local queries of all heads; keys and values of all ranks gathered (one collective of
+the packed K/V; its backward is a reduce-scatter); with a causal mask, keys past the rank's last row
+are dropped. Cross-attention needs no exchange: every rank projects keys/values from the gathered
+encoder output.
+
+With torch SDPA (the CUDA path) the dropout draws from torch's generator instead (other masks, as in
+one process with SDPA).
+"""
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from .. import ops
+from ..ops._backend import Dropout
+from ..ops.blocks.attention import _sdpa_mask
+from ..modules.multihead_attention import LSMultiheadAttention, use_sdpa
+from .collectives import all_gather, all_to_all
+from .sharding import Shard
+
+
+def sharded_attention(attn: LSMultiheadAttention, x: Tensor, memory: Optional[Tensor], key_padding_mask: Tensor,
+                      causal: bool, dropout: Dropout, q_shard: Shard, k_total: int) -> Tensor:
+    """One attention sublayer on this rank's rows.
+
+    x: [Tq/P, B, E] this rank's query rows (already normalised for pre-LN); memory: [S_pad, B, E_enc] the
+    gathered encoder output for cross-attention, None for self-attention; key_padding_mask: [B, Tk_pad]
+    bool (True = pad) over all keys; dropout: the attention-probability draw; q_shard: the query rows'
+    shard (self-attention: also the keys'); k_total: the unpadded number of keys. Returns the output
+    projection WITHOUT out_proj.bias, [Tq/P, B, E] (the caller adds it with the residual)."""
+    if q_shard.mode == "ulysses":
+        return _ulysses(attn, x, memory, key_padding_mask, causal, dropout, q_shard, k_total)
+    return _allgather(attn, x, memory, key_padding_mask, causal, dropout, q_shard, k_total)
+
+
+def _ulysses(attn, x, memory, key_padding_mask, causal, dropout, shard: Shard, k_total):
+    Tl, B, E = x.shape
+    H, hd, P = attn.num_heads, attn.head_dim, shard.size
+    Hl = H // P
+    h0 = shard.rank * Hl
+    mine = slice(h0 * hd, (h0 + Hl) * hd)  # this rank's heads in a projection's output features
+    if memory is None:
+        w = torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight])
+        b = torch.cat([attn.q_proj.bias[mine], attn.k_proj.bias[mine], attn.v_proj.bias[mine]])
+        # [Tl, B, 3, H, hd] -> [T_pad, B, 3, H/P, hd]: one exchange for q, k and v together
+        qkv = all_to_all(F.linear(x, w).view(Tl, B, 3, H, hd), 3, 0, shard.group)
+        q, k, v = ops.qkv_bias_split(qkv.reshape(shard.padded, B, 3 * Hl * hd), b, Hl)  # [B*Hl, T_pad, hd]
+    else:
+        qh = all_to_all(F.linear(x, attn.q_proj.weight, attn.q_proj.bias).view(Tl, B, H, hd), 2, 0, shard.group)
+        q = _heads(qh.reshape(shard.padded, B, Hl * hd), Hl)
+        wkv = torch.cat([attn.k_proj.weight[mine], attn.v_proj.weight[mine]])
+        bkv = torch.cat([attn.k_proj.bias[mine], attn.v_proj.bias[mine]])
+        k, v = F.linear(memory, wkv, bkv).chunk(2, dim=-1)
+        k, v = _heads(k, Hl), _heads(v, Hl)
+    coords = ops.AttentionCoords(H, h0, shard.total, 0, k_total, 0)
+    out = _attend(attn, q, k, v, key_padding_mask, causal, dropout, coords, B)  # [T_pad, B, Hl*hd]
+    # [T_pad, B, H/P, hd] -> [Tl, B, H, hd]: every rank's heads for this rank's rows
+    out = all_to_all(out.view(shard.padded, B, Hl, hd), 0, 2, shard.group)
+    return F.linear(out.reshape(Tl, B, E), attn.out_proj.weight)
+
+
+def _allgather(attn, x, memory, key_padding_mask, causal, dropout, shard: Shard, k_total):
+    Tl, B, E = x.shape
+    H = attn.num_heads
+    if memory is None:
+        w = torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight])
+        b = torch.cat([attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias])
+        q, k, v = ops.qkv_bias_split(F.linear(x, w), b, H)  # [B*H, Tl, hd]
+        kv = all_gather(torch.stack([k, v]), 2, shard.group)  # [2, B*H, T_pad, hd]
+        # keys after this rank's last row never reach its queries under the causal mask
+        keys = shard.stop if causal else shard.padded
+        k, v = kv[0, :, :keys], kv[1, :, :keys]
+        key_padding_mask = key_padding_mask[:, :keys]
+    else:
+        q = _heads(F.linear(x, attn.q_proj.weight, attn.q_proj.bias), H)
+        w = torch.cat([attn.k_proj.weight, attn.v_proj.weight])
+        k, v = F.linear(memory, w, torch.cat([attn.k_proj.bias, attn.v_proj.bias])).chunk(2, dim=-1)
+        k, v = _heads(k, H), _heads(v, H)
+    coords = ops.AttentionCoords(H, 0, shard.total, shard.start, k_total, 0)
+    out = _attend(attn, q, k, v, key_padding_mask, causal, dropout, coords, B)
+    return F.linear(out, attn.out_proj.weight)
+
+
+def _heads(t: Tensor, num_heads: int) -> Tensor:
+    """[T, B, H*hd] -> contiguous [B*H, T, hd]."""
+    T, B, E = t.shape
+    return t.reshape(T, B * num_heads, E // num_heads).transpose(0, 1).contiguous()
+
+
+def _attend(attn: LSMultiheadAttention, q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Tensor, causal: bool,
+            dropout: Dropout, coords, B: int) -> Tensor:
+    """q: [B*H, Tq, hd]; k, v: [B*H, Tk, hd] -> merged heads [Tq, B, H*hd]."""
+    BH, Tq, hd = q.shape
+    Tk, H = k.shape[1], BH // B
+    if use_sdpa(q):
+        # Fused attention, nothing [B, H, Tq, Tk] kept; _sdpa_mask's explicit mask covers Tq != Tk.
+        mask, _ = _sdpa_mask(key_padding_mask, causal, Tq, Tk)
+        o = F.scaled_dot_product_attention(q.view(B, H, Tq, hd), k.view(B, H, Tk, hd), v.view(B, H, Tk, hd),
+                                           attn_mask=mask, dropout_p=dropout.p, scale=attn.scaling)
+        return o.permute(2, 0, 1, 3).reshape(Tq, B, H * hd)
+    scores = torch.bmm(q, k.transpose(1, 2)).view(B, H, Tq, Tk)
+    probs = ops.attention_softmax_dropout(scores, key_padding_mask, causal, attn.scaling, dropout, coords=coords)
+    return ops.merge_heads(torch.bmm(probs.view(BH, Tq, Tk), v), H)

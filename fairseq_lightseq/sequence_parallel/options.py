@@ -1,0 +1,99 @@
+"""`--sequence-parallel-size` / `--sequence-parallel-mode` of every ls_transformer architecture: the
+options, the combinations refused at model build, and the setup of a distributed run.
+
+World W = D x P: SP groups are contiguous blocks of P ranks (keep them inside a node), which all get the
+same batches: the trainer's batch iterator is sharded W/P ways (shard rank // P) instead of W ways.
+fairseq's data-parallel group stays the world, so its one gradient all-reduce sums over the SP ranks
+(each holds a partial gradient) and averages over the data-parallel shards.
+"""
+import functools
+
+import torch.distributed as dist
+
+from .groups import new_sequence_parallel_group
+from .sharding import MODES, SequenceParallel
+
+CRITERION = "ls_label_smoothed_cross_entropy"
+
+
+def add_args(parser) -> None:
+    parser.add_argument("--sequence-parallel-size", type=int, metavar="P",
+                        help="split each batch's time axis over P ranks (default 1: off); P must divide the "
+                             "number of processes")
+    parser.add_argument("--sequence-parallel-mode", choices=MODES,
+                        help="how attention exchanges the shards: ulysses (default; heads %% P == 0) or "
+                             "allgather (any head count)")
+
+
+def size_and_mode(args):
+    """(P, mode) with the defaults (1, ulysses) for checkpoints and namespaces without the options."""
+    return int(getattr(args, "sequence_parallel_size", None) or 1), \
+        getattr(args, "sequence_parallel_mode", None) or "ulysses"
+
+
+def check(args) -> None:
+    """Raise ValueError naming the option when sequence parallelism cannot run with these options."""
+    P, mode = size_and_mode(args)
+    if P < 1:
+        raise ValueError(f"--sequence-parallel-size must be >= 1, got {P}")
+    if mode not in MODES:
+        raise ValueError(f"--sequence-parallel-mode must be one of {', '.join(MODES)}, got {mode!r}")
+    if P == 1:
+        return
+    if mode == "ulysses":
+        for side in ("encoder", "decoder"):
+            heads = int(getattr(args, f"{side}_attention_heads"))
+            if heads % P:
+                raise ValueError(f"--sequence-parallel-mode ulysses needs --{side}-attention-heads ({heads}) "
+                                 f"divisible by --sequence-parallel-size ({P}); use --sequence-parallel-mode "
+                                 f"allgather")
+
+    def get(name, default=None):
+        return getattr(args, name, default)
+
+    refused = [
+        ("--criterion " + str(get("criterion")), get("criterion") not in (None, CRITERION)),
+        ("--ddp-backend " + str(get("ddp_backend")), get("ddp_backend") in ("fully_sharded", "slowmo")),
+        ("--use-bmuf", bool(get("use_bmuf"))),
+        ("--model-parallel-size " + str(get("model_parallel_size")), (get("model_parallel_size") or 1) > 1),
+        ("--tpu", bool(get("tpu"))),
+        ("--eval-bleu", bool(get("eval_bleu"))),
+        ("--ignore-prefix-size " + str(get("ignore_prefix_size")), (get("ignore_prefix_size") or 0) > 0),
+    ]
+    for option, bad in refused:
+        if bad:
+            extra = f" (it needs --criterion {CRITERION})" if option.startswith("--criterion") else ""
+            raise ValueError(f"--sequence-parallel-size {P} does not support {option}{extra}")
+    world = int(getattr(args, "distributed_world_size", None) or 1)
+    if world % P:
+        raise ValueError(f"--sequence-parallel-size {P} must divide the number of processes "
+                         f"(--distributed-world-size {world})")
+
+
+def setup(args, task):
+    """The model's SequenceParallel, or None when it runs unsharded (P == 1, or no torch.distributed:
+    fairseq-generate and other single-process tools run an SP checkpoint as it is). In a distributed
+    run, creates the groups and shards the task's batch iterator W/P ways."""
+    P, mode = size_and_mode(args)
+    if P == 1 or not dist.is_available() or not dist.is_initialized():
+        return None
+    g = new_sequence_parallel_group(P)
+    _shard_batches(task, g.num_shards, g.index)
+    return SequenceParallel(g.group, P, g.rank, mode)
+
+
+def _shard_batches(task, num_shards: int, shard_id: int) -> None:
+    """Make the task's get_batch_iterator (called by fairseq's trainer with the data-parallel world)
+    give every rank of an SP group the same batches: shard num_shards ways, shard shard_id. Wraps the
+    instance's bound method once; no fairseq class is changed."""
+    original = task.get_batch_iterator
+    if getattr(original, "sequence_parallel_shards", None) is not None:
+        return
+
+    @functools.wraps(original)
+    def get_batch_iterator(*args, **kwargs):
+        kwargs["num_shards"], kwargs["shard_id"] = num_shards, shard_id
+        return original(*args, **kwargs)
+
+    get_batch_iterator.sequence_parallel_shards = (num_shards, shard_id)
+    task.get_batch_iterator = get_batch_iterator

@@ -1,0 +1,110 @@
+"""Sequence parallelism through fairseq-train itself, on CPU ranks over gloo (legacy_ddp,
+--distributed-no-spawn), against the single-process runs:
+
+* one SGD update with --sequence-parallel-size 2 moves every parameter as one process does, in both
+  modes, with all dropouts at 0.1 (a mask that differs in 2% of its elements already gives errors
+  near 1e-1 here: the masks must be the single-process ones);
+* 8 ls_adam updates: SP 2 logs the 1-process losses, SP 2 x DP 2 (4 ranks) the 2-rank DP losses, with
+  the same words and sentences per batch; the loss falls; the SP checkpoint decodes with
+  fairseq-generate;
+* refused combinations exit non-zero with a message naming the option. Marked `e2e`."""
+import os
+
+import pytest
+import torch
+
+from support.cli import by_hand, falls, generate, make_data_bin, run, train_args
+from support.recipe import train_inner
+
+pytestmark = pytest.mark.e2e
+
+DROPOUTS = ["--dropout", "0.1", "--attention-dropout", "0.1", "--activation-dropout", "0.1"]
+SAVE = ["--no-epoch-checkpoints", "--no-save-optimizer-state"]
+
+
+@pytest.fixture(scope="module")
+def data_bin(tmp_path_factory):
+    return make_data_bin(str(tmp_path_factory.mktemp("sp_data")))
+
+
+def _args(data_bin, d, updates, *extra):
+    return [*train_args(data_bin, d, updates), *DROPOUTS, *SAVE, *extra]
+
+
+def _params(d):
+    state = torch.load(os.path.join(d, "checkpoint_last.pt"), map_location="cpu", weights_only=False)["model"]
+    return {k: v.double() for k, v in state.items() if v.is_floating_point()}
+
+
+def _sgd(data_bin, d, world, *extra):
+    """One SGD update (lr 1, no momentum); returns the parameters after it."""
+    args = _args(data_bin, d, 1, "--optimizer", "sgd", "--lr", "1.0", "--momentum", "0", *extra)
+    if world == 1:
+        run(["fairseq-train", *args], cwd=str(d))
+    else:
+        by_hand(args, world, d)
+    return _params(d)
+
+
+def test_one_sgd_update_moves_parameters_as_one_process(data_bin, tmp_path):
+    dirs = {name: tmp_path / name for name in ("start", "one", "ulysses", "allgather")}
+    for d in dirs.values():
+        d.mkdir()
+    start = _sgd(data_bin, dirs["start"], 1, "--lr", "0")  # the initial parameters (same seed)
+    one = _sgd(data_bin, dirs["one"], 1)
+    moved = {k: (one[k] - start[k]).abs().max().item() for k in one}
+    # every parameter but the attention's key biases (no gradient in exact arithmetic) moves
+    assert all(m > 1e-4 for k, m in moved.items() if not k.endswith("k_proj.bias")), moved
+    for mode in ("ulysses", "allgather"):
+        sp = _sgd(data_bin, dirs[mode], 2, "--sequence-parallel-size", "2", "--sequence-parallel-mode", mode)
+        errors = {k: (sp[k] - one[k]).abs().max().item() for k in one}
+        assert max(errors.values()) <= 1e-3, (mode, errors)
+
+
+def _adam(data_bin, d, world, *extra):
+    """8 ls_adam updates; returns (per-update [(loss, wpb, bsz)] from rank 0's log, rank 0's log)."""
+    args = _args(data_bin, d, 8, "--max-tokens", "200", *extra)
+    if world == 1:
+        _, log = run(["fairseq-train", *args], cwd=str(d))
+    else:
+        log = by_hand(args, world, d)[0][1]
+    rows = [(float(r["loss"]), float(r["wpb"]), float(r["bsz"])) for r in train_inner(log)]
+    assert len(rows) == 8, log[-3000:]
+    return rows, log
+
+
+def _same_run(sp, reference):
+    assert [r[1:] for r in sp] == [r[1:] for r in reference], (sp, reference)  # wpb, bsz
+    torch.testing.assert_close(torch.tensor([r[0] for r in sp]), torch.tensor([r[0] for r in reference]),
+                               rtol=0, atol=2e-3)
+    assert falls([r[0] for r in sp], by=0.3), sp
+
+
+def test_sp2_logs_the_one_process_losses_and_decodes(data_bin, tmp_path):
+    (tmp_path / "one").mkdir()
+    (tmp_path / "sp").mkdir()
+    one, _ = _adam(data_bin, tmp_path / "one", 1)
+    sp, _ = _adam(data_bin, tmp_path / "sp", 2, "--sequence-parallel-size", "2")
+    _same_run(sp, one)
+    corpus = os.path.dirname(data_bin)
+    _, out, hyps = generate(corpus, str(tmp_path / "sp" / "checkpoint_last.pt"))
+    assert len(hyps) == 12, out[-3000:]
+
+
+def test_sp2_dp2_logs_the_dp2_losses(data_bin, tmp_path):
+    (tmp_path / "dp").mkdir()
+    (tmp_path / "spdp").mkdir()
+    dp, _ = _adam(data_bin, tmp_path / "dp", 2)
+    spdp, log = _adam(data_bin, tmp_path / "spdp", 4, "--sequence-parallel-size", "2", "--sequence-parallel-mode",
+                      "allgather")
+    _same_run(spdp, dp)
+
+
+@pytest.mark.parametrize("extra,message", [
+    (["--sequence-parallel-size", "2"], "--sequence-parallel-size 2 must divide the number of processes"),
+    (["--sequence-parallel-size", "4"], "needs --encoder-attention-heads (2) divisible"),
+    (["--sequence-parallel-size", "2", "--criterion", "label_smoothed_cross_entropy"], "does not support --criterion"),
+], ids=["world", "heads", "criterion"])
+def test_refused_at_build(data_bin, tmp_path, extra, message):
+    rc, log = run(["fairseq-train", *_args(data_bin, tmp_path, 1, *extra)], cwd=str(tmp_path), check=False)
+    assert rc != 0 and message in log, log[-3000:]

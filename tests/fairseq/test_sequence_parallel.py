@@ -1,0 +1,102 @@
+"""Sequence parallelism against the single-process run (issue: ls_transformer over P ranks).
+
+Every rank builds the same model (float64, all dropouts 0.1) and batches. It computes the unsharded
+reference itself (one process, the DP batches summed), then its sharded share through the criterion;
+the world all-reduce of the shares (what fairseq's DDP does) must give the reference's summed loss,
+nll, counts and every gradient to 1e-9 relative. Ranks run over gloo on the CPU: 2 processes (P=2)
+and 4 (P=4, and 2 SP x 2 DP with different batches), one spawn per world size for all configurations.
+"""
+import argparse
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from support.distributed import spawn
+from support.models import batch, make_task, perturb_
+
+CONFIGS = {
+    "base": {},
+    "pre_ln": dict(encoder_normalize_before=True, decoder_normalize_before=True),
+    "shared_learned_lnemb": dict(share_all_embeddings=True, encoder_learned_pos=True, decoder_learned_pos=True,
+                                 layernorm_embedding=True),
+    "checkpoint_activations": dict(checkpoint_activations=True),
+}
+# (S, T): neither a multiple of P; with P = 4, S = 5 leaves rank 3 two padding rows only; T = 3 < P.
+SHAPES = ((7, 5), (5, 3))
+
+
+def _model(cfg, P, mode):
+    from fairseq_lightseq.models.ls_transformer import LSTransformerModel
+    from support.models import TINY
+
+    task = make_task(joined=True)
+    args = argparse.Namespace(**{**TINY, "dropout": 0.1, "attention_dropout": 0.1, "activation_dropout": 0.1,
+                                 **CONFIGS[cfg]})
+    torch.manual_seed(0)
+    model = perturb_(LSTransformerModel.build_model(args, task), 0).double()
+    return task, model
+
+
+def _sample(task, dp_index, S, T):
+    src, lengths, prev = batch(task, B=3, S=S, T=T, seed=10 + dp_index)
+    target = torch.cat([prev[:, 1:], torch.full_like(prev[:, :1], task.target_dictionary.pad())], 1)
+    target[:, -1] = torch.where(prev[:, -1].ne(task.target_dictionary.pad()), task.target_dictionary.eos(),
+                                target[:, -1])
+    return {"net_input": {"src_tokens": src, "src_lengths": lengths, "prev_output_tokens": prev},
+            "target": target, "ntokens": int(target.ne(task.target_dictionary.pad()).sum())}
+
+
+def _step(model, criterion, sample, seed, train):
+    """(loss, nll, ntokens, nsentences, sample_size, {name: grad}) of one forward/backward."""
+    model.zero_grad()
+    model.train(train)
+    torch.manual_seed(seed)
+    loss, sample_size, log = criterion(model, sample)
+    loss.backward()
+    grads = {n: p.grad.clone() if p.grad is not None else torch.zeros_like(p) for n, p in model.named_parameters()}
+    return torch.tensor([float(log["loss"]), float(log["nll_loss"]), log["ntokens"], log["nsentences"],
+                         sample_size], dtype=torch.float64), grads
+
+
+def _check_config(cfg, P, mode, S, T, train=True):
+    from fairseq_lightseq.criterions.ls_label_smoothed_cross_entropy import LsLabelSmoothedCrossEntropyCriterion
+    from fairseq_lightseq.sequence_parallel.groups import new_sequence_parallel_group
+    from fairseq_lightseq.sequence_parallel.sharding import SequenceParallel
+
+    world = dist.get_world_size()
+    task, model = _model(cfg, P, mode)
+    criterion = LsLabelSmoothedCrossEntropyCriterion(task, False, 0.1, report_accuracy=True)
+    g = new_sequence_parallel_group(P)
+    # the reference: one process, every data-parallel batch
+    ref_counts, ref_grads = 0, None
+    for d in range(world // P):
+        c, gr = _step(model, criterion, _sample(task, d, S, T), 123, train)
+        ref_counts = ref_counts + c
+        ref_grads = gr if ref_grads is None else {n: ref_grads[n] + gr[n] for n in gr}
+    # this rank's share of its data-parallel batch
+    model.encoder.sequence_parallel = model.decoder.sequence_parallel = SequenceParallel(g.group, P, g.rank, mode)
+    counts, grads = _step(model, criterion, _sample(task, g.index, S, T), 123, train)
+    model.encoder.sequence_parallel = model.decoder.sequence_parallel = None
+    dist.all_reduce(counts)
+    for gr in grads.values():
+        dist.all_reduce(gr)
+    where = f"{cfg} P={P} {mode} S={S} T={T} train={train}"
+    torch.testing.assert_close(counts, ref_counts, rtol=1e-9, atol=1e-9, msg=lambda m: f"{where}: counts {m}")
+    for n, gr in grads.items():
+        torch.testing.assert_close(gr, ref_grads[n], rtol=1e-9, atol=1e-11, msg=lambda m: f"{where}: grad {n} {m}")
+        assert ref_grads[n].abs().sum() > 0 or "version" in n or n.endswith("padding"), f"{where}: {n} has no gradient"
+
+
+def _all_configs(rank, world, sizes):
+    for P in sizes:
+        for mode in ("ulysses", "allgather"):
+            for cfg in CONFIGS:
+                for S, T in SHAPES:
+                    _check_config(cfg, P, mode, S, T)
+            _check_config("base", P, mode, 7, 5, train=False)  # eval mode: no dropout, still sharded
+
+
+@pytest.mark.parametrize("world,sizes", [(2, (2,)), (4, (4, 2))], ids=["world2_P2", "world4_P4_and_2x2"])
+def test_sharded_equals_one_process(world, sizes):
+    spawn(_all_configs, world, sizes)
