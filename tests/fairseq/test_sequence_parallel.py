@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from support.distributed import spawn
+from support.dist import run
 from support.models import batch, make_task, perturb_
 
 CONFIGS = {
@@ -88,7 +88,7 @@ def _check_config(cfg, P, mode, S, T, train=True):
         assert ref_grads[n].abs().sum() > 0 or "version" in n or n.endswith("padding"), f"{where}: {n} has no gradient"
 
 
-def _all_configs(rank, world, sizes):
+def _all_configs(sizes):
     for P in sizes:
         for mode in ("ulysses", "allgather"):
             for cfg in CONFIGS:
@@ -99,4 +99,4 @@ def _all_configs(rank, world, sizes):
 
 @pytest.mark.parametrize("world,sizes", [(2, (2,)), (4, (4, 2))], ids=["world2_P2", "world4_P4_and_2x2"])
 def test_sharded_equals_one_process(world, sizes):
-    spawn(_all_configs, world, sizes)
+    run(_all_configs, world, sizes, timeout=600)
