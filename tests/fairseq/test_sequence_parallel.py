@@ -100,3 +100,33 @@ def _all_configs(sizes):
 @pytest.mark.parametrize("world,sizes", [(2, (2,)), (4, (4, 2))], ids=["world2_P2", "world4_P4_and_2x2"])
 def test_sharded_equals_one_process(world, sizes):
     run(_all_configs, world, sizes, timeout=600)
+
+
+def _layer_volumes(sizes):
+    """Bytes one encoder layer's self-attention sends per rank, forward and backward (§2's table, with
+    N = T_pad * B rows, E the width, float64): ulysses 4NE(P-1)/P^2, allgather 2NE(P-1)/P."""
+    from fairseq_lightseq.modules import LSTransformerEncoderLayer
+    from fairseq_lightseq.sequence_parallel.collectives import bytes_sent, reset_bytes
+    from fairseq_lightseq.sequence_parallel.groups import new_sequence_parallel_group
+    from fairseq_lightseq.sequence_parallel.sharding import SequenceParallel
+
+    E, H, B, T = 16, 4, 3, 11
+    for P in sizes:
+        g = new_sequence_parallel_group(P)
+        for mode, expected in (("ulysses", lambda N: 4 * N * E * (P - 1) // P ** 2),
+                               ("allgather", lambda N: 2 * N * E * (P - 1) // P)):
+            torch.manual_seed(0)
+            layer = LSTransformerEncoderLayer(E, H, 24, dropout=0.1, attention_dropout=0.1).double()
+            shard = SequenceParallel(g.group, P, g.rank, mode).shard(T)
+            x = torch.randn(shard.rows, B, E, dtype=torch.float64, requires_grad=True)
+            mask = torch.zeros(B, shard.padded, dtype=torch.bool)
+            reset_bytes()
+            layer(x, encoder_padding_mask=mask, shard=shard).sum().backward()
+            N = shard.padded * B
+            got = (bytes_sent("forward"), bytes_sent("backward"))
+            assert got == (8 * expected(N),) * 2, (mode, P, got, 8 * expected(N))
+
+
+@pytest.mark.parametrize("world,sizes", [(2, (2,)), (4, (4, 2))], ids=["world2_P2", "world4_P4_P2"])
+def test_bytes_sent_per_layer_match_the_volume_formulas(world, sizes):
+    run(_layer_volumes, world, sizes)
