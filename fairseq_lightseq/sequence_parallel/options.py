@@ -27,8 +27,8 @@ def add_args(parser) -> None:
 
 def size_and_mode(args):
     """(P, mode) with the defaults (1, ulysses) for checkpoints and namespaces without the options."""
-    return int(getattr(args, "sequence_parallel_size", None) or 1), \
-        getattr(args, "sequence_parallel_mode", None) or "ulysses"
+    size = getattr(args, "sequence_parallel_size", None)
+    return (1 if size is None else int(size)), getattr(args, "sequence_parallel_mode", None) or "ulysses"
 
 
 def check(args) -> None:

@@ -1,0 +1,57 @@
+"""--sequence-parallel-size / --sequence-parallel-mode: every refused combination fails when the model is
+built, with a message naming the option; P = 1 and single-process tools run unsharded."""
+import argparse
+
+import pytest
+
+from fairseq_lightseq.models.ls_transformer import LSTransformerModel
+from fairseq_lightseq.sequence_parallel import options
+from support.models import TINY, make_task
+
+OK = dict(sequence_parallel_size=2, sequence_parallel_mode="ulysses", distributed_world_size=4,
+          encoder_attention_heads=4, decoder_attention_heads=4, criterion="ls_label_smoothed_cross_entropy",
+          ddp_backend="legacy_ddp")
+
+
+def _args(**overrides):
+    return argparse.Namespace(**{**OK, **overrides})
+
+
+def test_accepted():
+    options.check(_args())
+    options.check(_args(sequence_parallel_mode="allgather", encoder_attention_heads=3, decoder_attention_heads=5))
+    options.check(argparse.Namespace())  # a checkpoint from before the options: P = 1
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (dict(sequence_parallel_size=0), "--sequence-parallel-size must be >= 1"),
+    (dict(sequence_parallel_mode="ring"), "--sequence-parallel-mode must be one of ulysses, allgather"),
+    (dict(distributed_world_size=3), "--sequence-parallel-size 2 must divide the number of processes "
+                                     "(--distributed-world-size 3)"),
+    (dict(encoder_attention_heads=3), "needs --encoder-attention-heads (3) divisible by --sequence-parallel-size "
+                                      "(2); use --sequence-parallel-mode allgather"),
+    (dict(decoder_attention_heads=6, sequence_parallel_size=4), "needs --decoder-attention-heads (6) divisible"),
+    (dict(criterion="label_smoothed_cross_entropy"), "does not support --criterion label_smoothed_cross_entropy "
+                                                     "(it needs --criterion ls_label_smoothed_cross_entropy)"),
+    (dict(ddp_backend="fully_sharded"), "does not support --ddp-backend fully_sharded"),
+    (dict(ddp_backend="slowmo"), "does not support --ddp-backend slowmo"),
+    (dict(use_bmuf=True), "does not support --use-bmuf"),
+    (dict(model_parallel_size=2), "does not support --model-parallel-size 2"),
+    (dict(tpu=True), "does not support --tpu"),
+    (dict(eval_bleu=True), "does not support --eval-bleu"),
+    (dict(ignore_prefix_size=1), "does not support --ignore-prefix-size 1"),
+])
+def test_refused(overrides, message):
+    with pytest.raises(ValueError) as e:
+        options.check(_args(**overrides))
+    assert message in str(e.value)
+
+
+def test_build_model_refuses_and_runs_unsharded_without_distributed():
+    task = make_task()
+    with pytest.raises(ValueError, match="--sequence-parallel-size 2 must divide"):
+        LSTransformerModel.build_model(argparse.Namespace(**TINY, sequence_parallel_size=2), task)
+    # fairseq-generate on an SP checkpoint: the recorded options pass, torch.distributed is not initialised
+    model = LSTransformerModel.build_model(argparse.Namespace(**TINY, sequence_parallel_size=2,
+                                                              distributed_world_size=2), task)
+    assert model.encoder.sequence_parallel is None and model.decoder.sequence_parallel is None
