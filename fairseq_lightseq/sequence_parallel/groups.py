@@ -8,7 +8,7 @@ import torch.distributed as dist
 
 
 class SequenceParallelGroup(NamedTuple):
-    group: Optional[dist.ProcessGroup]  # this rank's block; None only without torch.distributed
+    group: Optional["dist.ProcessGroup"]  # this rank's block; None only without torch.distributed
     size: int  # P, ranks per block
     rank: int  # this rank's place in its block, 0..P-1 (the rows of the time axis it keeps)
     index: int  # rank // P: the block, i.e. the data-parallel shard this rank reads

@@ -55,6 +55,13 @@ def per_rank(shape, dtype, seed, P):
     return [randn(*shape, dtype=dtype, seed=seed * 100 + p) for p in range(P)]
 
 
+def noncontiguous(x):
+    """A copy of x with the same values and its first and last dims' strides swapped."""
+    y = x.transpose(0, -1).contiguous().transpose(0, -1)
+    assert not y.is_contiguous()
+    return y
+
+
 # (shape, scatter_dim, gather_dim) with P = the world size; T/P = 2, B = 3, H = 2P, hd = 5.
 def a2a_cases(P):
     return [((2, 3, 3, 2 * P, 5), 3, 0),  # ulysses: packed QKV [T/P,B,3,H,hd] -> [T,B,3,H/P,hd]
@@ -66,21 +73,18 @@ def a2a_cases(P):
 def check_all_to_all(rank, P):
     ex = Expect()
     for i, (shape, s, g) in enumerate(a2a_cases(P)):
-        for dtype in DTYPES:
-            for transposed in (False, True):
-                what = f"all_to_all {shape} s={s} g={g} {dtype} transposed={transposed}"
-                xs = per_rank(shape, dtype, 10 + i, P)
-                x = xs[rank]
-                if transposed:  # a non-contiguous input with the same values
-                    x = x.transpose(0, -1).contiguous().transpose(0, -1)
-                x = x.detach().requires_grad_()
-                out = C.all_to_all(x, s, g, None)
-                expected = torch.cat([xp.chunk(P, s)[rank] for xp in xs], dim=g)
-                ex.equal(out, expected, what + " forward")
-                ws = per_rank(expected.shape, dtype, 20 + i, P)
-                (out * ws[rank]).sum().backward()
-                # rank p's output holds chunk `rank` (along g) of what this rank sent as chunk p
-                ex.equal(x.grad, torch.cat([w.chunk(P, g)[rank] for w in ws], dim=s), what + " backward")
+        for dtype, transposed in [(dt, False) for dt in DTYPES] + [(torch.float32, True)]:
+            what = f"all_to_all {shape} s={s} g={g} {dtype} transposed={transposed}"
+            xs = per_rank(shape, dtype, 10 + i, P)
+            x = xs[rank]
+            x = (noncontiguous(x) if transposed else x.clone()).requires_grad_()
+            out = C.all_to_all(x, s, g, None)
+            expected = torch.cat([xp.chunk(P, s)[rank] for xp in xs], dim=g)
+            ex.equal(out, expected, what + " forward")
+            ws = per_rank(expected.shape, dtype, 20 + i, P)
+            (out * ws[rank]).sum().backward()
+            # rank p's output holds chunk `rank` (along g) of what this rank sent as chunk p
+            ex.equal(x.grad, torch.cat([w.chunk(P, g)[rank] for w in ws], dim=s), what + " backward")
     # double backward: the gradient is itself an all_to_all of the weights (which get the inputs back)
     shape, s, g = a2a_cases(P)[0]
     xs = per_rank(shape, torch.float64, 30, P)
@@ -101,7 +105,8 @@ def check_all_gather_reduce_scatter(rank, P):
         for dtype in DTYPES:
             what = f"dim={dim} {shape} {dtype}"
             xs = per_rank(shape, dtype, 40, P)
-            x = xs[rank].clone().requires_grad_()
+            x = noncontiguous(xs[rank]) if dtype == torch.float32 else xs[rank].clone()
+            x.requires_grad_()
             out = C.all_gather(x, dim, None)
             ex.equal(out, torch.cat(xs, dim=dim), "all_gather forward " + what)
             ws = per_rank(out.shape, dtype, 41, P)
@@ -112,7 +117,8 @@ def check_all_gather_reduce_scatter(rank, P):
             big = list(shape)
             big[dim] *= P
             ys = per_rank(big, dtype, 42, P)
-            y = ys[rank].clone().requires_grad_()
+            y = noncontiguous(ys[rank]) if dtype == torch.float32 else ys[rank].clone()
+            y.requires_grad_()
             out = C.reduce_scatter(y, dim, None)
             expected = torch.stack([yp.chunk(P, dim)[rank] for yp in ys]).double().sum(0).to(dtype)
             ex.close(out, expected, "reduce_scatter forward " + what)

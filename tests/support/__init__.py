@@ -3,6 +3,7 @@
 * `support.tensors`: devices, dtypes, tolerances and random inputs for kernel-vs-reference checks;
 * `support.models`: tiny fairseq `transformer` / `ls_transformer` pairs with the same weights, batches;
 * `support.recipe`: running the WMT14 recipe scripts on a small prepared corpus (e2e tests).
+* `support.dist`: running a function in W gloo processes (torch.distributed tests).
 """
 import os
 

@@ -9,6 +9,7 @@ OpenMP threads ran hangs in its first parallel op).
 import datetime
 import multiprocessing
 import os
+import sys
 import tempfile
 import time
 import traceback
@@ -16,7 +17,24 @@ import traceback
 import torch
 
 _CTX = multiprocessing.get_context("forkserver")
-_CTX.set_forkserver_preload(["torch", "torch.distributed", "fairseq_lightseq"])
+_CTX.set_forkserver_preload(["torch.distributed", "fairseq_lightseq"])
+
+
+def _ensure_server():
+    """Starts the fork server (once) with this process's sys.path as its PYTHONPATH: Python 3.11's
+    server ignores the sys.path it is handed, and a preload module it cannot find is skipped silently
+    (each child would import it again)."""
+    from multiprocessing import forkserver
+
+    old = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join(sys.path)
+    try:
+        forkserver.ensure_running()
+    finally:
+        if old is None:
+            del os.environ["PYTHONPATH"]
+        else:
+            os.environ["PYTHONPATH"] = old
 
 
 def _rank_main(fn, args, rank, world_size, init_method, timeout, out_path):
@@ -55,6 +73,7 @@ def run(fn, world_size, *args, timeout=120):
     Returns the results, rank 0 first. When a rank raises, the tracebacks of the ranks that failed
     (the first, and those that lost their connection to it) are raised here as a RuntimeError and the
     other ranks (likely waiting in a collective) are killed; all are after `timeout` s (TimeoutError)."""
+    _ensure_server()
     with tempfile.TemporaryDirectory(prefix="fls_dist_") as d:
         init = "file://" + os.path.join(d, "store")
         outs = [os.path.join(d, f"rank{r}.pt") for r in range(world_size)]
