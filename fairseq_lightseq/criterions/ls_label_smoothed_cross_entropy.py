@@ -3,6 +3,7 @@ the fused op on the decoder's logits, so no [B*T, V] fp32 log-prob tensor is bui
 
 Same options, logging and metrics as fairseq's criterion (it subclasses it); only the loss and the
 accuracy computation change. Models with an adaptive softmax fall back to fairseq's computation.
+Under sequence parallelism it is the criterion that takes a rank's target columns and counts its share.
 """
 from dataclasses import dataclass
 
@@ -45,8 +46,7 @@ class LsLabelSmoothedCrossEntropyCriterion(LabelSmoothedCrossEntropyCriterion):
         net_output = model(**sample["net_input"])
         shard = net_output[1].get("sequence_parallel") if isinstance(net_output[1], dict) else None
         if shard is None:
-            loss, sample_size, logging_output = self._outputs(model, net_output, sample, reduce)
-            return loss, sample_size, logging_output
+            return self._outputs(model, net_output, sample, reduce)
         ntokens = int(self._target(model, net_output, sample).ne(self.padding_idx).sum())
         nsentences = sample["target"].size(0) if shard.rank == 0 else 0
         counts = {"ntokens": ntokens, "nsentences": nsentences}
