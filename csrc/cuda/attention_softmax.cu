@@ -234,8 +234,8 @@ __global__ void __launch_bounds__(kVecThreads, 1)
   const uint64_t base = static_cast<uint64_t>(row) * Tk;
   uint64_t s0 = 0;  // the row's stream start (32-bit row split: rows < 2^31 on this path)
   if (d.threshold != 0) {
-    const uint32_t tq = static_cast<uint32_t>(c.Tq), bh = row / tq, h = static_cast<uint32_t>(c.H);
-    s0 = d.offset + attention_row_stream(c, bh / h, bh % h, row % tq);
+    const uint32_t tq = static_cast<uint32_t>(c.Tq), nh = static_cast<uint32_t>(c.H), bh = row / tq;
+    s0 = d.offset + attention_row_stream(c, bh / nh, bh % nh, row % tq);
   }
   uint4 dv[VPL], yv[VPL];
   uint32_t keep[VPL];

@@ -30,8 +30,9 @@ inline void check_softmax_scale(double scale, const char* op) {
 inline AttentionCoords attention_coords(at::IntArrayRef coords, int64_t H, int64_t Tq, int64_t Tk, const char* op) {
   if (coords.empty()) return {.H = H, .Tq = Tq, .H_tot = H, .h_off = 0, .Tq_tot = Tq, .q_off = 0, .Tk_tot = Tk,
                               .k_off = 0};
-  TORCH_CHECK(coords.size() == 6, op, ": coords must be empty or 6 ints (H_tot, h_off, Tq_tot, q_off, Tk_tot, k_off), got ",
-              coords.size(), " values ", coords);
+  TORCH_CHECK(coords.size() == 6, op,
+              ": coords must be empty or 6 ints (H_tot, h_off, Tq_tot, q_off, Tk_tot, k_off), got ", coords.size(),
+              " values ", coords);
   for (int64_t v : coords) TORCH_CHECK(v >= 0, op, ": coords must be >= 0, got ", coords);
   TORCH_CHECK(coords[0] >= 1 && coords[2] >= 1 && coords[4] >= 1, op,
               ": coords' H_tot, Tq_tot, Tk_tot must be >= 1, got ", coords);

@@ -221,10 +221,10 @@ def test_fake_kernels_take_coords():
 ])
 @pytest.mark.parametrize("causal", [False, True])
 def test_cuda_equals_cpu_with_coords(dtype, shape, coords, causal):
-    cpu_dtype = torch.float32 if dtype == torch.float16 else dtype
-    s, m = _scores(*shape, "cpu", cpu_dtype), _pad(shape[0], shape[3], "cpu", left=True)
+    cpu_dtype = torch.float32 if dtype == torch.float16 else dtype  # no CPU fp16 kernel: fp16 values in fp32
+    s, m = _scores(*shape, "cpu", dtype).to(cpu_dtype), _pad(shape[0], shape[3], "cpu", left=True)
     draw = ops.Dropout(0.3, SEED, (1 << 40) + 3)
-    g = randn(*shape, dtype=cpu_dtype, seed=9)
+    g = randn(*shape, dtype=dtype, seed=9).to(cpu_dtype)
     y, ds = _run(s, m, causal, draw, coords, grad=g)
     yc, dsc = _run(s.to("cuda", dtype), m.cuda(), causal, draw, coords, grad=g.to("cuda", dtype))
     _same_zeros(yc, y, reference.attention_softmax_dropout(s, m, causal, SCALE))
