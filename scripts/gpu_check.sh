@@ -24,11 +24,11 @@ report() {
     echo '```'
     cat "$LOGS/steps.txt"
     echo '```'
-    for f in machine info tests_cuda bench_ops_fp16 bench_ops_bf16 benchmark benchmark_sweep bench_criterion bench_optimizer; do
+    for f in machine info tests_cuda sp bench_ops_fp16 bench_ops_bf16 benchmark benchmark_sweep bench_criterion bench_optimizer; do
       [ -s "$LOGS/$f.txt" ] || continue
       echo; echo "## $f"; echo '```'
       case $f in
-        tests_cuda) grep -E "^(FAILED|ERROR)|passed|failed|error" "$LOGS/$f.txt" | tail -60 ;;
+        tests_cuda|sp) grep -E "^(FAILED|ERROR)|passed|failed|error" "$LOGS/$f.txt" | tail -60 ;;
         *) tail -60 "$LOGS/$f.txt" ;;
       esac
       echo '```'
@@ -70,6 +70,11 @@ par=""
 $PY -c "import xdist" 2> /dev/null && par="-n 8"
 $PY -c "import pytest_timeout" 2> /dev/null && par="$par --timeout 90"
 step tests_cuda 150 $PY -m pytest -q -m cuda $par -rfE -p no:cacheprovider tests --junitxml="$LOGS/tests_cuda.xml"
+# Sequence parallelism's ops on CUDA (seconds): attention dropout coordinates against the CPU kernel
+# (the same masks, bit for bit) and token-wise row slices against the full call. Also part of tests_cuda;
+# on its own for GPU_CHECK_ONLY=sp.
+step sp 180 $PY -m pytest -q -m cuda -rfE -p no:cacheprovider tests/ops/test_attention_coords.py \
+  tests/ops/test_token_slices.py --junitxml="$LOGS/sp.xml"
 
 step bench_ops_fp16 150 $PY scripts/bench_ops.py --device cuda --dtype fp16 --shapes base,big,large,long --skip-ref --json "$OUT_DIR/bench_ops_fp16.json"
 step bench_ops_bf16 120 $PY scripts/bench_ops.py --device cuda --dtype bf16 --shapes base,big,large --skip-ref --json "$OUT_DIR/bench_ops_bf16.json"

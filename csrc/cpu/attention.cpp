@@ -194,7 +194,8 @@ void store_row(const acc_t<T>* buf, T* dst, int64_t n) {
 
 template <typename T>
 void softmax_fwd_typed(const T* scores, const bool* key_padding_mask, T* y, T* out, int64_t B, int64_t H,
-                           int64_t Tq, int64_t Tk, bool causal, double scale, const DropoutParams& d) {
+                           int64_t Tq, int64_t Tk, bool causal, double scale, const DropoutParams& d,
+                           const AttentionCoords& coords) {
   using A = acc_t<T>;
   const int64_t rows = B * H * Tq;
   if (rows == 0 || Tk == 0) return;
@@ -222,7 +223,7 @@ void softmax_fwd_typed(const T* scores, const bool* key_padding_mask, T* y, T* o
       }
       A* yw = row_target(yr, ybuf.data());
       A* ow = drop ? row_target(outr, obuf.data()) : nullptr;
-      if (drop) dropout_factors(d.offset + static_cast<uint64_t>(r * Tk), lim, d, u.data(), fac.data());
+      if (drop) dropout_factors(d.offset + attention_row_stream(coords, r), lim, d, u.data(), fac.data());
       write_row(z.data(), A(1) / sum, drop ? fac.data() : nullptr, yw, ow, lim);
       store_row<T>(yw, yr, lim);
       std::fill(yr + lim, yr + Tk, T(0));
@@ -236,7 +237,7 @@ void softmax_fwd_typed(const T* scores, const bool* key_padding_mask, T* y, T* o
 
 template <typename T>
 void softmax_bwd_typed(const T* dout, const T* y, T* dscores, int64_t rows, int64_t Tk, double scale,
-                           const DropoutParams& d) {
+                           const DropoutParams& d, const AttentionCoords& coords) {
   using A = acc_t<T>;
   if (rows == 0 || Tk == 0) return;
   const bool drop = d.threshold != 0;
@@ -245,8 +246,8 @@ void softmax_bwd_typed(const T* dout, const T* y, T* dscores, int64_t rows, int6
     std::vector<A> gbuf(Tk), ybuf(Tk), dbuf(Tk), fac(drop ? Tk : 0);
     std::vector<uint32_t> u(drop ? dropout_words(Tk) : 0);
     for (int64_t r = begin; r < end; ++r) {
-      // The dropout mask is regenerated from (seed, offset + flat index), not stored.
-      if (drop) dropout_factors(d.offset + static_cast<uint64_t>(r * Tk), Tk, d, u.data(), fac.data());
+      // The dropout mask is regenerated from (seed, offset + the row's stream start), not stored.
+      if (drop) dropout_factors(d.offset + attention_row_stream(coords, r), Tk, d, u.data(), fac.data());
       A* dw = row_target(dscores + r * Tk, dbuf.data());
       bwd_row(load_row(dout + r * Tk, gbuf.data(), Tk), load_row(y + r * Tk, ybuf.data(), Tk),
               drop ? fac.data() : nullptr, sc, dw, Tk);
@@ -304,14 +305,15 @@ void merge_heads(const T* const* in, int nparts, T* y, int64_t row_stride, int64
 void attention_softmax_fwd(const AttentionSoftmaxFwdParams& p) {
   FLS_CPU_DISPATCH(p.dtype, softmax_fwd_typed<scalar_t>(static_cast<const scalar_t*>(p.scores), p.key_padding_mask,
                                                         static_cast<scalar_t*>(p.y), static_cast<scalar_t*>(p.out),
-                                                        p.B, p.H, p.Tq, p.Tk, p.causal, p.scale, p.drop));
+                                                        p.B, p.H, p.Tq, p.Tk, p.causal, p.scale, p.drop,
+                                                        p.coords));
 }
 
 void attention_softmax_bwd(const AttentionSoftmaxBwdParams& p) {
   FLS_CPU_DISPATCH(p.dtype, softmax_bwd_typed<scalar_t>(static_cast<const scalar_t*>(p.dout),
                                                         static_cast<const scalar_t*>(p.y),
                                                         static_cast<scalar_t*>(p.dscores), p.rows, p.Tk, p.scale,
-                                                        p.drop));
+                                                        p.drop, p.coords));
 }
 
 void qkv_bias_split(const QkvBiasSplitParams& p) {

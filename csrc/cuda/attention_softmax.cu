@@ -4,7 +4,8 @@
 // every pointer is 16-byte aligned, Tk <= 1024 and Tk % V == 0): a group of G lanes per row holds the row
 // in registers, so forward reads the scores once and writes y (and the dropped copy) once; backward reads
 // dout and y once and writes dscores once. Dropout keep bits of a vector come from the Philox groups
-// covering its stream range (one extra group when the range does not start on a group boundary).
+// covering its stream range (one extra group when the range does not start on a group boundary), so a
+// row may start anywhere in the stream: odd Tk, an offset, or a row start moved by AttentionCoords.
 //
 // General kernels (any Tk, any alignment): one block per row of Tk keys with loops over Tk, fp32 math.
 // Forward makes two passes over the row: an online max/sum, then the write of y (and of the dropped
@@ -52,7 +53,7 @@ __device__ __forceinline__ void for_each_key(uint64_t s0, int64_t n, const Dropo
 template <typename T>
 __global__ void softmax_fwd_kernel(const T* __restrict__ scores, const bool* __restrict__ pad_mask,
                                    T* __restrict__ y, T* __restrict__ out, int64_t H, int64_t Tq, int64_t Tk,
-                                   bool causal, float scale, DropoutParams d) {
+                                   bool causal, float scale, DropoutParams d, AttentionCoords c) {
   __shared__ float scratch[32];
   const int64_t row = blockIdx.x;
   const int64_t b = row / (H * Tq), i = row % Tq;
@@ -81,7 +82,7 @@ __global__ void softmax_fwd_kernel(const T* __restrict__ scores, const bool* __r
   const float inv = row_max == -INFINITY ? 0.0f : 1.0f / total;
   T* yr = y + row * Tk;
   T* outr = out ? out + row * Tk : nullptr;
-  for_each_key(d.offset + static_cast<uint64_t>(row * Tk), Tk, d, [&](int64_t j, float factor) {
+  for_each_key(d.offset + attention_row_stream(c, row), Tk, d, [&](int64_t j, float factor) {
     const bool valid = j < lim && !(pad && pad[j]) && row_max != -INFINITY;
     const float p = valid ? expf(scale * to_float(s[j]) - row_max) * inv : 0.0f;
     yr[j] = from_float<T>(p);
@@ -92,12 +93,12 @@ __global__ void softmax_fwd_kernel(const T* __restrict__ scores, const bool* __r
 // dscores = scale * y * (g - sum(g * y)), g = factor * dout; the factors are regenerated.
 template <typename T>
 __global__ void softmax_bwd_kernel(const T* __restrict__ dout, const T* __restrict__ y, T* __restrict__ ds,
-                                   int64_t Tk, float scale, DropoutParams d) {
+                                   int64_t Tk, float scale, DropoutParams d, AttentionCoords c) {
   __shared__ float scratch[32];
   const int64_t row = blockIdx.x;
   const T* dr = dout + row * Tk;
   const T* yr = y + row * Tk;
-  const uint64_t s0 = d.offset + static_cast<uint64_t>(row * Tk);
+  const uint64_t s0 = d.offset + attention_row_stream(c, row);
   float dot = 0.0f;
   for_each_key(s0, Tk, d, [&](int64_t j, float factor) { dot += factor * to_float(dr[j]) * to_float(yr[j]); });
   dot = block_sum(dot, scratch);
@@ -150,7 +151,7 @@ template <typename T, int G, int VPL>
 __global__ void __launch_bounds__(kVecThreads, 1)
     softmax_fwd_vec_kernel(const T* __restrict__ scores, const bool* __restrict__ pad_mask, T* __restrict__ y,
                            T* __restrict__ out, uint32_t rows, uint32_t HTq, uint32_t Tq, uint32_t Tk, bool causal,
-                           float scale, DropoutParams d) {
+                           float scale, DropoutParams d, AttentionCoords c) {
   constexpr int V = Pack<T>::kN;
   const uint32_t lane = threadIdx.x % G;
   const uint32_t row = blockIdx.x * (kVecThreads / G) + threadIdx.x / G;
@@ -210,7 +211,9 @@ __global__ void __launch_bounds__(kVecThreads, 1)
     for (int q = 0; q < V; ++q) p[q] = x[n][q] * inv;
     *reinterpret_cast<uint4*>(y + base + j0) = pack<T>(p);
     if (out) {
-      const uint32_t keep = keep_bits<V>(d.offset + base + j0, d);
+      // The row's stream start (32-bit row split: rows < 2^31 on this path).
+      const uint64_t s0 = d.offset + attention_row_stream(c, b, (row % HTq) / Tq, i);
+      const uint32_t keep = keep_bits<V>(s0 + j0, d);
 #pragma unroll
       for (int q = 0; q < V; ++q) p[q] *= ((keep >> q) & 1u) ? d.scale : 0.0f;
       *reinterpret_cast<uint4*>(out + base + j0) = pack<T>(p);
@@ -223,12 +226,17 @@ __global__ void __launch_bounds__(kVecThreads, 1)
 template <typename T, int G, int VPL>
 __global__ void __launch_bounds__(kVecThreads, 1)
     softmax_bwd_vec_kernel(const T* __restrict__ dout, const T* __restrict__ y, T* __restrict__ ds, uint32_t rows,
-                           uint32_t Tk, float scale, DropoutParams d) {
+                           uint32_t Tk, float scale, DropoutParams d, AttentionCoords c) {
   constexpr int V = Pack<T>::kN;
   const uint32_t lane = threadIdx.x % G;
   const uint32_t row = blockIdx.x * (kVecThreads / G) + threadIdx.x / G;
   const bool active = row < rows;
   const uint64_t base = static_cast<uint64_t>(row) * Tk;
+  uint64_t s0 = 0;  // the row's stream start (32-bit row split: rows < 2^31 on this path)
+  if (d.threshold != 0) {
+    const uint32_t tq = static_cast<uint32_t>(c.Tq), nh = static_cast<uint32_t>(c.H), bh = row / tq;
+    s0 = d.offset + attention_row_stream(c, bh / nh, bh % nh, row % tq);
+  }
   uint4 dv[VPL], yv[VPL];
   uint32_t keep[VPL];
   float dot = 0.0f;
@@ -239,7 +247,7 @@ __global__ void __launch_bounds__(kVecThreads, 1)
     if (active && j0 < Tk) {
       dv[n] = *reinterpret_cast<const uint4*>(dout + base + j0);
       yv[n] = *reinterpret_cast<const uint4*>(y + base + j0);
-      if (d.threshold != 0) keep[n] = keep_bits<V>(d.offset + base + j0, d);
+      if (d.threshold != 0) keep[n] = keep_bits<V>(s0 + j0, d);
       float fd[V], fy[V];
       unpack<T>(dv[n], fd);
       unpack<T>(yv[n], fy);
@@ -293,7 +301,7 @@ unsigned vec_row_blocks(int64_t rows, int G) {
 // Launches the register-resident softmax forward when the row fits; false -> use the general kernel.
 template <typename T>
 bool softmax_fwd_vec(const T* scores, const bool* pad, T* y, T* out, int64_t B, int64_t H, int64_t Tq, int64_t Tk,
-                     bool causal, float scale, const DropoutParams& d, cudaStream_t s) {
+                     bool causal, float scale, const DropoutParams& d, const AttentionCoords& c, cudaStream_t s) {
   constexpr int V = Pack<T>::kN;
   const int64_t rows = B * H * Tq;
   if (Tk % V != 0 || Tk > kMaxVecSoftmaxTk || rows > 2147483647LL) return false;
@@ -305,13 +313,13 @@ bool softmax_fwd_vec(const T* scores, const bool* pad, T* y, T* out, int64_t B, 
   return by_row_vectors<V>(nv, [&](auto g, auto vpl) {
     constexpr int G = decltype(g)::value;
     softmax_fwd_vec_kernel<T, G, decltype(vpl)::value><<<vec_row_blocks(rows, G), kVecThreads, 0, s>>>(
-        scores, pad, y, out, r, htq, tq, tk, causal, scale, d);
+        scores, pad, y, out, r, htq, tq, tk, causal, scale, d, c);
   });
 }
 
 template <typename T>
 bool softmax_bwd_vec(const T* dout, const T* y, T* ds, int64_t rows, int64_t Tk, float scale, const DropoutParams& d,
-                     cudaStream_t s) {
+                     const AttentionCoords& c, cudaStream_t s) {
   constexpr int V = Pack<T>::kN;
   if (Tk % V != 0 || Tk > kMaxVecSoftmaxTk || rows > 2147483647LL) return false;
   if (!aligned16(dout) || !aligned16(y) || !aligned16(ds)) return false;
@@ -320,7 +328,7 @@ bool softmax_bwd_vec(const T* dout, const T* y, T* ds, int64_t rows, int64_t Tk,
   return by_row_vectors<V>(nv, [&](auto g, auto vpl) {
     constexpr int G = decltype(g)::value;
     softmax_bwd_vec_kernel<T, G, decltype(vpl)::value><<<vec_row_blocks(rows, G), kVecThreads, 0, s>>>(
-        dout, y, ds, r, tk, scale, d);
+        dout, y, ds, r, tk, scale, d, c);
   });
 }
 
@@ -338,9 +346,9 @@ int attention_softmax_fwd(const AttentionSoftmaxFwdParams& p, void* stream) {
   FLS_CUDA_DISPATCH(
       p.dtype, using U = scalar_t; const U* sc = static_cast<const U*>(p.scores); U* yp = static_cast<U*>(p.y);
       U* op = d.threshold ? static_cast<U*>(p.out) : nullptr;
-      if (!softmax_fwd_vec<U>(sc, key_padding_mask, yp, op, B, H, Tq, Tk, causal, scale, d, s)) {
+      if (!softmax_fwd_vec<U>(sc, key_padding_mask, yp, op, B, H, Tq, Tk, causal, scale, d, p.coords, s)) {
         softmax_fwd_kernel<U><<<static_cast<unsigned>(rows), softmax_threads(Tk), 0, s>>>(
-            sc, key_padding_mask, yp, op, H, Tq, Tk, causal, scale, d);
+            sc, key_padding_mask, yp, op, H, Tq, Tk, causal, scale, d, p.coords);
       });
   FLS_CUDA_RETURN_LAST_ERROR();
 }
@@ -353,8 +361,9 @@ int attention_softmax_bwd(const AttentionSoftmaxBwdParams& p, void* stream) {
   auto s = static_cast<cudaStream_t>(stream);
   FLS_CUDA_DISPATCH(
       p.dtype, using U = scalar_t; const U* dp = static_cast<const U*>(p.dout); const U* yp = static_cast<const U*>(p.y);
-      U* dsp = static_cast<U*>(p.dscores); if (!softmax_bwd_vec<U>(dp, yp, dsp, rows, Tk, scale, d, s)) {
-        softmax_bwd_kernel<U><<<static_cast<unsigned>(rows), softmax_threads(Tk), 0, s>>>(dp, yp, dsp, Tk, scale, d);
+      U* dsp = static_cast<U*>(p.dscores); if (!softmax_bwd_vec<U>(dp, yp, dsp, rows, Tk, scale, d, p.coords, s)) {
+        softmax_bwd_kernel<U><<<static_cast<unsigned>(rows), softmax_threads(Tk), 0, s>>>(dp, yp, dsp, Tk, scale, d,
+                                                                                             p.coords);
       });
   FLS_CUDA_RETURN_LAST_ERROR();
 }

@@ -9,11 +9,37 @@
 
 namespace fls {
 
+// Dropout coordinates of an attention-probability block (Python: ops.AttentionCoords). The local scores
+// [B, H, Tq, Tk] are heads h_off.., queries q_off.., keys k_off.. of a global [B, H_tot, Tq_tot, Tk_tot]; element
+// (b, h, i, j) draws stream element drop.offset + ((b*H_tot + h_off + h)*Tq_tot + q_off + i)*Tk_tot + k_off + j.
+// The default (H, 0, Tq, 0, Tk, 0) gives drop.offset + the local flat index. H and Tq are the LOCAL sizes, which
+// split a row index r = (b*H + h)*Tq + i. Only the dropout stream moves: the masks use local indices.
+struct AttentionCoords {
+  int64_t H, Tq;  // local heads and queries
+  int64_t H_tot, h_off, Tq_tot, q_off, Tk_tot, k_off;
+};
+
+// Stream element (without drop.offset) of key 0 of local row (b, h, i). Unsigned: all terms are >= 0 (the op layer
+// checks), and a product past 2^63 wraps like the offset arithmetic of every other dropout.
+FLS_HD uint64_t attention_row_stream(const AttentionCoords& c, uint64_t b, uint64_t h, uint64_t i) {
+  const uint64_t hg = b * static_cast<uint64_t>(c.H_tot) + static_cast<uint64_t>(c.h_off) + h;
+  const uint64_t ig = hg * static_cast<uint64_t>(c.Tq_tot) + static_cast<uint64_t>(c.q_off) + i;
+  return ig * static_cast<uint64_t>(c.Tk_tot) + static_cast<uint64_t>(c.k_off);
+}
+
+// The same for row index r = (b*H + h)*Tq + i (CPU and the general CUDA kernels: one call per row).
+FLS_HD uint64_t attention_row_stream(const AttentionCoords& c, int64_t r) {
+  const int64_t bh = r / c.Tq;
+  return attention_row_stream(c, static_cast<uint64_t>(bh / c.H), static_cast<uint64_t>(bh % c.H),
+                              static_cast<uint64_t>(r % c.Tq));
+}
+
 // One attention-probability row per (b, h, i): rows = B*H*Tq, each of Tk keys.
 // scores, y: [B, H, Tq, Tk] dtype; key_padding_mask: [B, Tk] bool (true = pad) or nullptr; causal: key j
 // masked when j > i + (Tk - Tq). y = softmax(scale * scores + masks), saved for backward; out (same shape)
 // = y * keep / (1 - p), written only when drop.threshold > 0 (may be null otherwise). A row whose keys are
-// all masked gives zeros. Dropout element e = flat index into [B, H, Tq, Tk].
+// all masked gives zeros. Dropout: row r's key j draws stream element drop.offset + attention_row_stream(coords, r)
+// + j (the flat index into [B, H, Tq, Tk] under the default coordinates).
 struct AttentionSoftmaxFwdParams {
   DType dtype;
   const void* scores;
@@ -24,10 +50,11 @@ struct AttentionSoftmaxFwdParams {
   bool causal;
   double scale;
   DropoutParams drop;
+  AttentionCoords coords;
 };
 
 // dscores = scale * y * (g - sum_j(g * y)), g = keep * dout / (1 - p), the keep mask regenerated.
-// dout, y, dscores: [rows, Tk] dtype.
+// dout, y, dscores: [rows, Tk] dtype (rows = B*H*Tq); the stream as in the forward (coords.H, coords.Tq split a row).
 struct AttentionSoftmaxBwdParams {
   DType dtype;
   const void* dout;
@@ -36,6 +63,7 @@ struct AttentionSoftmaxBwdParams {
   int64_t rows, Tk;
   double scale;
   DropoutParams drop;
+  AttentionCoords coords;
 };
 
 // Token-major qkv [T, B, 3E] plus bias [3E] -> head-major q, k, v [B*H, T, hd] (E = H*hd):

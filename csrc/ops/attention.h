@@ -2,12 +2,13 @@
 // implementations (csrc/ops/cpu_ops.cpp, csrc/ops/cuda/cuda_ops.cpp).
 //
 //   attention_softmax_fwd(scores [B,H,Tq,Tk], key_padding_mask [B,Tk] bool or None, causal, scale, p, seed,
-//                         offset) -> (y, out)
+//                         offset, coords=[]) -> (y, out)
 //     y   = softmax(scale * scores + masks), scores' dtype: returned to the user when dropout is off and
 //           saved for backward in every case;
-//     out = dropout(y) with the Philox stream (element index = flat index into [B,H,Tq,Tk]) when
-//           floor(p * 2^24) > 0, else an empty tensor (shape [0]).
-//   attention_softmax_bwd(dout, y, scale, p, seed, offset) -> dscores (the mask is regenerated).
+//     out = dropout(y) with the Philox stream (element index = flat index into [B,H,Tq,Tk], or the global index
+//           under coords = [H_tot, h_off, Tq_tot, q_off, Tk_tot, k_off]: AttentionCoords in
+//           ../kernels/attention.h) when floor(p * 2^24) > 0, else an empty tensor (shape [0]).
+//   attention_softmax_bwd(dout, y, scale, p, seed, offset, coords=[]) -> dscores (the mask is regenerated).
 //   qkv_bias_split(qkv [T,B,3E], bias [3E], num_heads) -> (q, k, v) each [B*heads, T, E/heads];
 //   qkv_bias_split_bwd(dq, dk, dv, num_heads) -> (dqkv [T,B,3E], dbias [3E]);
 //   merge_heads(x [B*heads,T,hd], num_heads) -> [T,B,heads*hd]. Its backward is a view of dy (Python).
@@ -23,6 +24,22 @@ inline void check_softmax_scale(double scale, const char* op) {
   TORCH_CHECK(std::isfinite(scale), op, ": scale must be finite, got ", scale);
 }
 
+// The dropout coordinates of local scores [., H, Tq, Tk]: the default (H, 0, Tq, 0, Tk, 0) when `coords` is
+// empty, else its 6 values (H_tot, h_off, Tq_tot, q_off, Tk_tot, k_off), all >= 0 and the totals >= 1. Local
+// rows or keys beyond the totals are allowed (sequence parallelism's padding rows).
+inline AttentionCoords attention_coords(at::IntArrayRef coords, int64_t H, int64_t Tq, int64_t Tk, const char* op) {
+  if (coords.empty()) return {.H = H, .Tq = Tq, .H_tot = H, .h_off = 0, .Tq_tot = Tq, .q_off = 0, .Tk_tot = Tk,
+                              .k_off = 0};
+  TORCH_CHECK(coords.size() == 6, op,
+              ": coords must be empty or 6 ints (H_tot, h_off, Tq_tot, q_off, Tk_tot, k_off), got ", coords.size(),
+              " values ", coords);
+  for (int64_t v : coords) TORCH_CHECK(v >= 0, op, ": coords must be >= 0, got ", coords);
+  TORCH_CHECK(coords[0] >= 1 && coords[2] >= 1 && coords[4] >= 1, op,
+              ": coords' H_tot, Tq_tot, Tk_tot must be >= 1, got ", coords);
+  return {.H = H, .Tq = Tq, .H_tot = coords[0], .h_off = coords[1], .Tq_tot = coords[2], .q_off = coords[3],
+          .Tk_tot = coords[4], .k_off = coords[5]};
+}
+
 struct AttentionSoftmaxFwd {
   at::Tensor scores, key_padding_mask;  // mask undefined when absent
   at::Tensor y, out;
@@ -32,12 +49,13 @@ struct AttentionSoftmaxFwd {
 inline AttentionSoftmaxFwd attention_softmax_fwd_prepare(const at::Tensor& scores,
                                                          const c10::optional<at::Tensor>& key_padding_mask,
                                                          bool causal, double scale, double p, int64_t seed,
-                                                         int64_t offset) {
+                                                         int64_t offset, at::IntArrayRef coords) {
   check_float(scores, "attention_softmax: scores");
   TORCH_CHECK(scores.dim() == 4, "attention_softmax: scores must be 4-D [B, H, Tq, Tk], got shape ", scores.sizes());
   check_softmax_scale(scale, "attention_softmax");
   const int64_t B = scores.size(0), H = scores.size(1), Tq = scores.size(2), Tk = scores.size(3);
   const DropoutParams d = make_dropout(p, seed, offset);
+  const AttentionCoords c = attention_coords(coords, H, Tq, Tk, "attention_softmax");
   AttentionSoftmaxFwd op;
   if (key_padding_mask.has_value() && key_padding_mask->defined()) {
     const at::Tensor& mask = *key_padding_mask;
@@ -55,7 +73,7 @@ inline AttentionSoftmaxFwd attention_softmax_fwd_prepare(const at::Tensor& score
   op.params = {.dtype = to_dtype(scores.scalar_type()), .scores = op.scores.data_ptr(),
                .key_padding_mask = op.key_padding_mask.defined() ? op.key_padding_mask.data_ptr<bool>() : nullptr,
                .y = op.y.data_ptr(), .out = drop ? op.out.data_ptr() : nullptr, .B = B, .H = H, .Tq = Tq, .Tk = Tk,
-               .causal = causal, .scale = scale, .drop = d};
+               .causal = causal, .scale = scale, .drop = d, .coords = c};
   return op;
 }
 
@@ -66,7 +84,8 @@ struct AttentionSoftmaxBwd {
 };
 
 inline AttentionSoftmaxBwd attention_softmax_bwd_prepare(const at::Tensor& dout, const at::Tensor& y, double scale,
-                                                         double p, int64_t seed, int64_t offset) {
+                                                         double p, int64_t seed, int64_t offset,
+                                                         at::IntArrayRef coords) {
   check_float(y, "attention_softmax_bwd: y");
   check_same(dout, y, "attention_softmax_bwd: dout", "y");
   TORCH_CHECK(y.dim() == 4, "attention_softmax_bwd: y must be 4-D [B, H, Tq, Tk], got shape ", y.sizes());
@@ -74,13 +93,14 @@ inline AttentionSoftmaxBwd attention_softmax_bwd_prepare(const at::Tensor& dout,
   check_softmax_scale(scale, "attention_softmax_bwd");
   const DropoutParams d = make_dropout(p, seed, offset);
   const int64_t Tk = y.size(3);
+  const AttentionCoords c = attention_coords(coords, y.size(1), y.size(2), Tk, "attention_softmax_bwd");
   AttentionSoftmaxBwd op;
   op.y = y.contiguous();
   op.dout = dout.contiguous();
   op.dscores = at::empty_like(op.y);
   op.params = {.dtype = to_dtype(y.scalar_type()), .dout = op.dout.data_ptr(), .y = op.y.data_ptr(),
                .dscores = op.dscores.data_ptr(), .rows = Tk == 0 ? 0 : y.numel() / Tk, .Tk = Tk, .scale = scale,
-               .drop = d};
+               .drop = d, .coords = c};
   return op;
 }
 

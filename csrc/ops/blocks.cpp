@@ -53,12 +53,14 @@ Tensor2 bad_bwd(const Tensor& dy, const Tensor& x, const Tensor& bias, double p,
 Tensor2 softmax_fwd(const Tensor& scores, const std::optional<Tensor>& kpm, bool causal, double scale, double p,
                     int64_t seed, int64_t off) {
   FLS_OP(h, "attention_softmax_fwd",
-         Tensor2(const Tensor&, const std::optional<Tensor>&, bool, double, double, int64_t, int64_t));
-  return h.call(scores, kpm, causal, scale, p, seed, off);
+         Tensor2(const Tensor&, const std::optional<Tensor>&, bool, double, double, int64_t, int64_t,
+                 c10::IntArrayRef));
+  return h.call(scores, kpm, causal, scale, p, seed, off, {});  // the default coordinates: a whole problem
 }
 Tensor softmax_bwd(const Tensor& dout, const Tensor& y, double scale, double p, int64_t seed, int64_t off) {
-  FLS_OP(h, "attention_softmax_bwd", Tensor(const Tensor&, const Tensor&, double, double, int64_t, int64_t));
-  return h.call(dout, y, scale, p, seed, off);
+  FLS_OP(h, "attention_softmax_bwd",
+         Tensor(const Tensor&, const Tensor&, double, double, int64_t, int64_t, c10::IntArrayRef));
+  return h.call(dout, y, scale, p, seed, off, {});
 }
 Tensor3 qkv_split(const Tensor& qkv, const Tensor& bias, int64_t heads) {
   FLS_OP(h, "qkv_bias_split", Tensor3(const Tensor&, const Tensor&, int64_t));

@@ -77,15 +77,15 @@ at::Tensor dropout_mask(int64_t numel, double p, int64_t seed, int64_t offset, a
 std::tuple<at::Tensor, at::Tensor> attention_softmax_fwd(const at::Tensor& scores,
                                                          const c10::optional<at::Tensor>& key_padding_mask,
                                                          bool causal, double scale, double p, int64_t seed,
-                                                         int64_t offset) {
-  auto op = attention_softmax_fwd_prepare(scores, key_padding_mask, causal, scale, p, seed, offset);
+                                                         int64_t offset, at::IntArrayRef coords) {
+  auto op = attention_softmax_fwd_prepare(scores, key_padding_mask, causal, scale, p, seed, offset, coords);
   cpu::attention_softmax_fwd(op.params);
   return {op.y, op.out};
 }
 
 at::Tensor attention_softmax_bwd(const at::Tensor& dout, const at::Tensor& y, double scale, double p, int64_t seed,
-                                 int64_t offset) {
-  auto op = attention_softmax_bwd_prepare(dout, y, scale, p, seed, offset);
+                                 int64_t offset, at::IntArrayRef coords) {
+  auto op = attention_softmax_bwd_prepare(dout, y, scale, p, seed, offset, coords);
   cpu::attention_softmax_bwd(op.params);
   return op.dscores;
 }
@@ -186,8 +186,10 @@ TORCH_LIBRARY(fairseq_lightseq, m) {
 
   m.def(
       "attention_softmax_fwd(Tensor scores, Tensor? key_padding_mask, bool causal, float scale, float p, int seed, "
-      "int offset) -> (Tensor y, Tensor out)");
-  m.def("attention_softmax_bwd(Tensor dout, Tensor y, float scale, float p, int seed, int offset) -> Tensor");
+      "int offset, int[] coords=[]) -> (Tensor y, Tensor out)");
+  m.def(
+      "attention_softmax_bwd(Tensor dout, Tensor y, float scale, float p, int seed, int offset, int[] coords=[]) -> "
+      "Tensor");
   m.def("qkv_bias_split(Tensor qkv, Tensor bias, int num_heads) -> (Tensor q, Tensor k, Tensor v)");
   m.def("qkv_bias_split_bwd(Tensor dq, Tensor dk, Tensor dv, int num_heads) -> (Tensor dqkv, Tensor dbias)");
   m.def("merge_heads(Tensor x, int num_heads) -> Tensor");

@@ -22,11 +22,11 @@ class AttentionSoftmaxDropoutFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, scores, key_padding_mask, causal, scale, p, seed, offset=0, coords=()):
-        coords = [list(coords)] if len(coords) else []  # INTERIM: kernels without coords yet
+        coords = list(coords)
         y, out = _backend.ops().attention_softmax_fwd(scores, key_padding_mask, causal, scale, p, seed, offset,
-                                                      *coords)
+                                                      coords)
         ctx.save_for_backward(y)
-        ctx.args = (scale, p, seed, offset, *coords)
+        ctx.args = (scale, p, seed, offset, coords)
         return y if dropout_threshold(p) == 0 else out
 
     @staticmethod
@@ -48,7 +48,7 @@ def attention_softmax_dropout(scores: torch.Tensor, key_padding_mask: Optional[t
     give zeros. Returns [B, H, Tq, Tk], scores' dtype."""
     d = _backend.as_dropout(p, training)
     c = [] if coords is None or len(coords) == 0 else list(attention_coords(coords, scores.shape))
-    if not c and _backend.use_kernel("attention_softmax_fwd", scores.device.type, scores.dtype):  # INTERIM
+    if _backend.use_kernel("attention_softmax_fwd", scores.device.type, scores.dtype):
         return AttentionSoftmaxDropoutFunction.apply(scores, key_padding_mask, causal, scale, *d, c)
     return reference.attention_softmax_dropout(scores, key_padding_mask, causal, scale, *d, c)
 

@@ -104,7 +104,8 @@ def _mask_compiled(device: torch.device) -> bool:
     """Whether the compiled dropout_mask draws on `device`. It is registered for every backend (it
     has no tensor argument to dispatch on), so has_kernel does not see it: CPU whenever the library
     is loaded, CUDA in a CUDA build. Otherwise warns once (use_kernel) and returns False."""
-    if _backend._C is not None and (device.type == "cpu" or (device.type == "cuda" and _backend.BUILD_INFO["with_cuda"])):
+    on_device = device.type == "cpu" or (device.type == "cuda" and _backend.BUILD_INFO["with_cuda"])
+    if _backend._C is not None and on_device:
         return True
     return _backend.use_kernel("dropout_mask", device.type)
 

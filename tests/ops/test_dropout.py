@@ -282,3 +282,56 @@ def test_ffn_block_under_autocast_is_as_close_to_fp32_as_fairseq(act):
 
     for name, o, t, e in zip(["output", "fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"], ours, theirs, exact):
         assert err(o, e) < 1.15 * err(t, e) + 1e-4, (name, err(o, e), err(t, e))
+
+
+# ---- plain dropout (ops.dropout: --layernorm-embedding's dropout on the Philox stream) ----
+
+@pytest.mark.parametrize("device,dtype", DEVICE_DTYPES)
+@pytest.mark.parametrize("shape", [(1,), (3, 129), (2, 5, 7)])
+@pytest.mark.parametrize("offset", [0, 3, 5 << 40])
+def test_plain_dropout_matches_reference(device, dtype, shape, offset):
+    """Forward and backward the reference's bits: the compiled mask is reference.keep_mask, and both
+    multiply by it and by the fp32 1/(1-p) in the same order."""
+    x = randn(*shape, dtype=dtype, device=device, seed=3, requires_grad=True)
+    xr = x.detach().clone().requires_grad_()
+    d = ops.Dropout(0.3, SEED, offset)
+    y, yr = ops.dropout(x, d), reference.dropout(xr, *d)
+    assert torch.equal(y, yr)
+    g = randn(*shape, dtype=dtype, device=device, seed=4)
+    y.backward(g)
+    yr.backward(g)
+    assert torch.equal(x.grad, xr.grad)
+    keep = reference.keep_mask(x.numel(), 0.3, SEED, offset, device).view(shape)
+    assert torch.equal(y != 0, keep) and torch.equal(x.grad != 0, keep)
+
+
+def test_plain_dropout_runs_the_compiled_mask_and_regenerates_it():
+    from fairseq_lightseq.ops.dropout import DropoutFunction
+    x = randn(4, 9, requires_grad=True)
+    y = ops.dropout(x, ops.Dropout(0.5, SEED, 7))
+    assert type(y.grad_fn).__name__ == DropoutFunction.__name__ + "Backward"
+    assert not y.grad_fn.saved_tensors  # nothing saved: the mask is drawn again in backward
+
+
+def test_plain_dropout_non_contiguous_input_follows_the_logical_index():
+    x = randn(6, 5).t()
+    d = ops.Dropout(0.4, SEED, 0)
+    assert torch.equal(ops.dropout(x, d), ops.dropout(x.contiguous(), d))
+
+
+def test_plain_dropout_seeding_and_off_cases():
+    x = randn(3, 50)
+    torch.manual_seed(5)
+    a = ops.dropout(x, 0.2)
+    torch.manual_seed(5)
+    assert torch.equal(ops.dropout(x, 0.2), a) and not torch.equal(a, x)
+    state = torch.random.get_rng_state()
+    assert ops.dropout(x, 0.2, training=False) is x
+    assert ops.dropout(x, 0.0) is x
+    assert ops.dropout(x, ops.Dropout(0.2, SEED, 0), training=False) is x
+    assert torch.equal(torch.random.get_rng_state(), state)
+
+
+def test_gradcheck_plain_dropout_float64():
+    x = randn(3, 7, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda t: ops.dropout(t, ops.Dropout(0.3, SEED, 2)), (x,))

@@ -107,9 +107,9 @@ void dropout_mask(const DropoutMask& op) {
 std::tuple<at::Tensor, at::Tensor> attention_softmax_fwd(const at::Tensor& scores,
                                                          const c10::optional<at::Tensor>& key_padding_mask,
                                                          bool causal, double scale, double p, int64_t seed,
-                                                         int64_t offset) {
+                                                         int64_t offset, at::IntArrayRef coords) {
   const c10::cuda::CUDAGuard guard(scores.device());
-  auto op = attention_softmax_fwd_prepare(scores, key_padding_mask, causal, scale, p, seed, offset);
+  auto op = attention_softmax_fwd_prepare(scores, key_padding_mask, causal, scale, p, seed, offset, coords);
   const int64_t rows = op.params.B * op.params.H * op.params.Tq;
   TORCH_CHECK(rows <= kMaxRows32, "attention_softmax: at most 2^31-1 rows (B*H*Tq) on CUDA, got ", rows);
   FLS_CHECK_LAUNCH(cuda::attention_softmax_fwd(op.params, stream_of(scores)));
@@ -117,9 +117,9 @@ std::tuple<at::Tensor, at::Tensor> attention_softmax_fwd(const at::Tensor& score
 }
 
 at::Tensor attention_softmax_bwd(const at::Tensor& dout, const at::Tensor& y, double scale, double p, int64_t seed,
-                                 int64_t offset) {
+                                 int64_t offset, at::IntArrayRef coords) {
   const c10::cuda::CUDAGuard guard(y.device());
-  auto op = attention_softmax_bwd_prepare(dout, y, scale, p, seed, offset);
+  auto op = attention_softmax_bwd_prepare(dout, y, scale, p, seed, offset, coords);
   TORCH_CHECK(op.params.rows <= kMaxRows32, "attention_softmax_bwd: at most 2^31-1 rows (B*H*Tq) on CUDA, got ",
               op.params.rows);
   FLS_CHECK_LAUNCH(cuda::attention_softmax_bwd(op.params, stream_of(y)));

@@ -69,8 +69,6 @@ def attention_softmax_dropout(scores: torch.Tensor, key_padding_mask: Optional[t
     (fp64); result in scores' dtype.
     """
     c = attention_coords(coords, scores.shape)
-    if offset < 0:
-        raise ValueError(f"dropout offset must be >= 0, got {offset}")
     acc = torch.float64 if scores.dtype == torch.float64 else torch.float32
     s = scores.to(acc) * scale
     B, H, Tq, Tk = scores.shape
@@ -86,6 +84,8 @@ def attention_softmax_dropout(scores: torch.Tensor, key_padding_mask: Optional[t
     probs = torch.where(masked.all(dim=-1, keepdim=True), torch.zeros_like(probs), probs)
     if dropout_threshold(p) == 0:
         return probs.to(scores.dtype)
+    if offset < 0:
+        raise ValueError(f"dropout offset must be >= 0, got {offset}")
     keep = keep_bits(stream_index(scores.shape, c, offset, scores.device), p, seed)
     return apply_keep(probs, keep, p).to(scores.dtype)
 
