@@ -13,7 +13,10 @@ on checkpoints written by fairseq-train, legacy `args` and hydra `cfg`):
 * `collections.defaultdict` (meters and iterator state in `extra_state`);
 * numpy numeric arrays and scalars (`numpy_globals`): with `--eval-bleu`, fairseq's translation task
   logs BLEU's n-gram counts and totals as numpy int64 arrays into the validation meters, which every
-  checkpoint keeps in `extra_state["metrics"]` (scalars: a metric or best score computed with numpy).
+  checkpoint keeps in `extra_state["metrics"]` (scalars: a metric or best score computed with numpy);
+* `fairseq.distributed.utils._TensorPlaceholder` (a frozen dataclass holding an int): when a
+  multi-process run resumes, rank 0 loads the checkpoint and broadcasts it to the other ranks with the
+  tensors replaced by these placeholders, which the other ranks unpickle with torch.load's default.
 
 None of them runs code when unpickled (they are rebuilt by `__setstate__` from plain data), so the
 loader stays safe: anything else (a custom class, `os.system` in a reduce, a numpy array of Python
@@ -61,6 +64,13 @@ def numpy_globals():
 
 
 SAFE_GLOBALS += numpy_globals()
+
+try:
+    from fairseq.distributed.utils import _TensorPlaceholder
+
+    SAFE_GLOBALS.append(_TensorPlaceholder)
+except ImportError:  # a fairseq without it broadcasts checkpoints another way
+    pass
 
 
 def register() -> None:

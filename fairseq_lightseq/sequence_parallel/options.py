@@ -64,10 +64,19 @@ def check(args) -> None:
         if bad:
             extra = f" (it needs --criterion {CRITERION})" if option.startswith("--criterion") else ""
             raise ValueError(f"--sequence-parallel-size {P} does not support {option}{extra}")
-    world = int(getattr(args, "distributed_world_size", None) or 1)
+    world = _world_size(args)
     if world % P:
         raise ValueError(f"--sequence-parallel-size {P} must divide the number of processes "
                          f"(--distributed-world-size {world})")
+
+
+def _world_size(args) -> int:
+    """The number of processes: torch.distributed's once initialised (under torchrun or SLURM fairseq
+    learns it from the environment after the model's arguments were recorded), else
+    --distributed-world-size."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_world_size()
+    return int(getattr(args, "distributed_world_size", None) or 1)
 
 
 def setup(args, task):

@@ -71,3 +71,21 @@ def test_torchrun_two_cpu_processes(data_bin, tmp_path, one_process):
     _, log = run(cmd, cwd=str(tmp_path))
     assert "distributed init (rank 1): env://" in log and "distributed init (rank 0): env://" in log, log[-3000:]
     check_matches(log, one_process)
+
+
+def test_two_ranks_resume(data_bin, tmp_path):
+    """Resuming a 2-rank run: rank 0 loads the checkpoint and broadcasts it, the other rank unpickles it
+    with torch's safe loader (fairseq's _TensorPlaceholder must be allowed). 2 epochs, then the same
+    command to 6 updates: the resumed updates log the uninterrupted 2-rank run's losses."""
+    (tmp_path / "whole").mkdir()
+    (tmp_path / "resumed").mkdir()
+    whole = losses(by_hand(train_args(data_bin, tmp_path / "whole", UPDATES), 2, tmp_path / "whole")[0][1])
+    # stopped at the end of epoch 2 (fairseq replays the same batches only from an epoch boundary)
+    first = by_hand([*train_args(data_bin, tmp_path / "resumed", UPDATES), "--max-epoch", "2"], 2,
+                    tmp_path / "resumed")
+    k = len(losses(first[0][1]))
+    (_, log0), _ = by_hand(train_args(data_bin, tmp_path / "resumed", UPDATES), 2, tmp_path / "resumed")
+    assert "Loaded checkpoint" in log0, log0[-3000:]
+    xs = losses(log0)
+    assert 0 < k < UPDATES and len(xs) == UPDATES - k, log0[-3000:]
+    torch.testing.assert_close(torch.tensor(xs), torch.tensor(whole[k:]), rtol=0, atol=3e-3)

@@ -9,11 +9,12 @@
   fairseq-generate;
 * refused combinations exit non-zero with a message naming the option. Marked `e2e`."""
 import os
+import sys
 
 import pytest
 import torch
 
-from support.cli import by_hand, falls, generate, make_data_bin, run, train_args
+from support.cli import BIN, by_hand, falls, free_port, generate, make_data_bin, run, train_args
 from support.recipe import train_inner
 
 pytestmark = pytest.mark.e2e
@@ -83,18 +84,34 @@ def _same_run(sp, reference):
     assert falls([r[0] for r in sp], by=0.3), sp
 
 
-def test_sp2_logs_the_one_process_losses_and_decodes(data_bin, tmp_path):
-    (tmp_path / "one").mkdir()
+@pytest.fixture(scope="module")
+def one_process(data_bin, tmp_path_factory):
+    """8 ls_adam updates in one process: (per-update rows, its save directory)."""
+    d = tmp_path_factory.mktemp("one")
+    return _adam(data_bin, d, 1)[0], d
+
+
+def test_sp2_logs_the_one_process_losses_and_decodes(data_bin, tmp_path, one_process):
     (tmp_path / "sp").mkdir()
-    one, _ = _adam(data_bin, tmp_path / "one", 1)
+    one, one_dir = one_process
     sp, _ = _adam(data_bin, tmp_path / "sp", 2, "--sequence-parallel-size", "2")
     _same_run(sp, one)
     # fairseq-generate (one process, no torch.distributed) runs the SP checkpoint unsharded: the
     # hypotheses are the 1-process checkpoint's
     corpus = os.path.dirname(data_bin)
     _, out, hyps = generate(corpus, str(tmp_path / "sp" / "checkpoint_last.pt"))
-    _, _, reference = generate(corpus, str(tmp_path / "one" / "checkpoint_last.pt"))
+    _, _, reference = generate(corpus, str(one_dir / "checkpoint_last.pt"))
     assert hyps and {k: h for k, (_, h) in hyps.items()} == {k: h for k, (_, h) in reference.items()}, out[-3000:]
+
+
+def test_sp2_under_torchrun(data_bin, tmp_path, one_process):
+    """torchrun's environment gives the world size (fairseq learns it after parsing the arguments)."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+           "--master_port", str(free_port()), os.path.join(BIN, "fairseq-train"),
+           *_args(data_bin, tmp_path, 8, "--max-tokens", "200"), "--distributed-backend", "gloo",
+           "--ddp-backend", "legacy_ddp", "--sequence-parallel-size", "2"]
+    _, log = run(cmd, cwd=str(tmp_path))
+    _same_run([(float(r["loss"]), float(r["wpb"]), float(r["bsz"])) for r in train_inner(log)], one_process[0])
 
 
 def test_sp2_dp2_logs_the_dp2_losses(data_bin, tmp_path):
