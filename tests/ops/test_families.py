@@ -48,6 +48,26 @@ def test_no_device_ifdef_in_the_op_layer():
     assert found == {"device.h": ["#ifdef FLS_WITH_CUDA"]}
 
 
+def test_every_cuda_launcher_is_declared_weak():
+    """A CPU-only build compiles every csrc/ops/<family>.cpp, whose CUDA implementations call the launchers
+    that only the .cu files define: each declaration in a `namespace cuda` of csrc/kernels/ must carry
+    FLS_CUDA_LAUNCHER (weak), or the CPU-only library may fail to load (at -O3 the compiler drops the
+    unregistered CUDA implementations, so the CPU tests alone would not notice)."""
+    plain = []
+    for path in sorted(glob.glob(os.path.join(REPO, "csrc/kernels/*.h"))):
+        inside = False
+        with open(path) as f:
+            for line in f:
+                if line.startswith("namespace cuda {"):
+                    inside = True
+                elif line.startswith("}  // namespace cuda"):
+                    inside = False
+                elif inside and re.match(r"[\w:<>*& ]+\b\w+\(", line) and not line.startswith(
+                        ("FLS_CUDA_LAUNCHER ", "inline ", "constexpr ", "//", " ")):
+                    plain.append(f"{os.path.basename(path)}: {line.strip()}")
+    assert plain == []
+
+
 def test_the_packages_export_every_family():
     for package in (ops, reference):
         for module in _families.family_modules(package):
