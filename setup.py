@@ -73,7 +73,7 @@ def extension():
                 ("FLS_CUDA_ARCHS", '"%s"' % os.environ["TORCH_CUDA_ARCH_LIST"])]
     nvcc = ["-O3", "-std=c++17", "-lineinfo"]
     return cpp_extension.CUDAExtension(
-        "fairseq_lightseq._C", srcs + sources("csrc/ops/cuda/*.cpp") + sources("csrc/cuda/*.cu"),
+        "fairseq_lightseq._C", srcs + sources("csrc/cuda/*.cu"),
         include_dirs=include_dirs,
         define_macros=defines, extra_compile_args={"cxx": cxx, "nvcc": nvcc}, extra_link_args=["-fopenmp"])
 

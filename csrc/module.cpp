@@ -1,6 +1,8 @@
-// The Python module fairseq_lightseq._C. Importing it runs the TORCH_LIBRARY registrations of every
-// op file linked into it; build_info() says how it was built.
+// The Python module fairseq_lightseq._C. Importing it runs the registrations of every op file linked into
+// it: this file claims the op namespace (TORCH_LIBRARY), each family's csrc/ops/<family>.cpp adds its ops
+// (TORCH_LIBRARY_FRAGMENT) and their CPU and CUDA implementations. build_info() says how it was built.
 #include <Python.h>
+#include <torch/library.h>
 
 #ifndef FLS_CUDA_ARCHS
 #define FLS_CUDA_ARCHS ""
@@ -8,6 +10,8 @@
 #ifndef FLS_TORCH_VERSION
 #define FLS_TORCH_VERSION ""
 #endif
+
+TORCH_LIBRARY(fairseq_lightseq, m) {}
 
 static PyObject* build_info(PyObject*, PyObject*) {
 #ifdef FLS_WITH_CUDA

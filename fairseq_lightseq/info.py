@@ -1,10 +1,11 @@
 """`python -m fairseq_lightseq.info`: what was built and which backend each op runs on.
 
 The op table is derived, not kept by hand: its rows are the public ops (the functions the
-fairseq_lightseq.ops package exports from its family modules), and each row's backend comes from the compiled ops registered in
-the fairseq_lightseq namespace whose family name (the op name without _fwd/_bwd/_) is part of the public
-op's name: `attention_softmax_fwd` belongs to `attention_softmax_dropout`, `label_smoothed_cross_entropy_fwd`
-to `label_smoothed_cross_entropy` and `linear_label_smoothed_cross_entropy`.
+fairseq_lightseq.ops package exports from its family modules' __all__), and each row's backend comes
+from the compiled ops registered in the fairseq_lightseq namespace whose family name (the op name
+without _fwd/_bwd/_) is part of the public op's name: `attention_softmax_fwd` belongs to
+`attention_softmax_dropout`, `label_smoothed_cross_entropy_fwd` to `label_smoothed_cross_entropy` and
+`linear_label_smoothed_cross_entropy`.
 """
 import inspect
 import platform
@@ -17,14 +18,9 @@ from fairseq_lightseq.ops import _backend
 
 def public_ops():
     """{name: function} of the public ops: the functions that the fairseq_lightseq.ops package exports from
-    its family modules (not _backend, the reference package or the sublayer blocks, which compose ops)."""
-    found = {}
-    for name, obj in vars(_ops).items():
-        module = getattr(obj, "__module__", "") or ""
-        family_module = module.startswith(_ops.__name__ + ".") and module.count(".") == 2
-        if inspect.isfunction(obj) and family_module and not module.endswith("._backend") and not name.startswith("_"):
-            found[name] = obj
-    return found
+    its family modules' __all__ (not _backend, the reference package or the sublayer blocks, which compose
+    ops, nor a type such as AttentionCoords)."""
+    return {name: obj for name, obj in _ops.FAMILY_EXPORTS.items() if inspect.isfunction(obj)}
 
 
 def registered_ops():

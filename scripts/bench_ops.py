@@ -40,6 +40,16 @@ SHAPES = {
 }
 P = 0.1  # dropout probability used everywhere (fairseq's usual 0.1 attention/activation/residual)
 
+# The public ops of fairseq_lightseq.ops that cases() does not time, and the script that does (None: not
+# a training op). Every other public op needs an entry in cases(): tests/ops/test_bench_ops.py fails
+# for a family added without one.
+TIMED_ELSEWHERE = {
+    "adam_step": "scripts/bench_optimizer.py",
+    "label_smoothed_cross_entropy": "scripts/bench_criterion.py",
+    "linear_label_smoothed_cross_entropy": "scripts/bench_criterion.py",
+    "dropout_mask": None,  # the raw keep mask, exposed for the tests; no layer calls it
+}
+
 
 def _sync(device):
     if device == "cuda":
@@ -131,6 +141,13 @@ def cases(s, device, dtype):
                 lambda x, b, r: ops.bias_dropout_residual(x, b, r, P),
                 lambda x, b, r: reference.bias_dropout_residual(x, b, r, P, seed),
                 lambda x, b, r: r + F.dropout(BiasInLinear.apply(x, b), P), 3 * N * C * e, 2 * N * C * e))
+
+    # plain dropout (--layernorm-embedding's): the keep mask drawn by the dropout_mask kernel, then one
+    # multiply; backward draws the mask again
+    out.append(("dropout", (x,), rnd(N, C, grad=False),
+                lambda x: ops.dropout(x, P),
+                lambda x: reference.dropout(x, P, seed),
+                lambda x: F.dropout(x, P), 2 * N * C * e, 2 * N * C * e))
 
     h, hb = rnd(N, Fd), rnd(Fd)
     for act, fn in (("relu", F.relu), ("gelu", F.gelu)):

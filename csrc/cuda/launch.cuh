@@ -18,6 +18,6 @@ inline int grid_1d(int64_t work, int threads, int max_blocks = 65535 * 16) {
 }  // namespace cuda
 }  // namespace fls
 
-// Launchers return the launch status; the op layer's CUDA implementation (csrc/ops/cuda/cuda_ops.cpp,
-// FLS_CHECK_LAUNCH) turns a failure into a TORCH_CHECK error.
+// Launchers return the launch status; the family's CUDA implementation in the op layer
+// (csrc/ops/<family>.cpp, FLS_CHECK_LAUNCH) turns a failure into a TORCH_CHECK error.
 #define FLS_CUDA_RETURN_LAST_ERROR() return cudaGetLastError()

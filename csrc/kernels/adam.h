@@ -1,11 +1,12 @@
 // Kernel interface of the fused multi-tensor Adam step (per-element math in fls/adam.h): the params the op
-// layer fills (csrc/ops/adam.h) and the entry point of each device (csrc/cpu/adam.cpp, csrc/cuda/adam.cu).
+// layer fills (csrc/ops/adam.cpp) and the entry point of each device (csrc/cpu/adam.cpp, csrc/cuda/adam.cu).
 // Plain C++, included by the CUDA file.
 #pragma once
 #include <cstdint>
 
 #include "fls/adam.h"
 #include "fls/common.h"
+#include "cuda_launcher.h"
 
 namespace fls {
 
@@ -33,7 +34,7 @@ constexpr int64_t kAdamChunk = 32768;
 inline int64_t adam_chunk_entry(int64_t tensor, int64_t chunk) { return (tensor << 32) | chunk; }
 
 // One launch over all chunks; chunks: device array of num_chunks adam_chunk_entry values.
-int adam_step(const AdamStepParams& p, const int64_t* chunks, int64_t num_chunks, void* stream);
+FLS_CUDA_LAUNCHER int adam_step(const AdamStepParams& p, const int64_t* chunks, int64_t num_chunks, void* stream);
 }  // namespace cuda
 
 }  // namespace fls

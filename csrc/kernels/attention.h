@@ -1,11 +1,12 @@
 // Kernel interface of the attention family: attention probabilities (scale + key padding / causal masks +
 // softmax + dropout) and the head permutations around the attention GEMMs. The params the op layer fills
-// (csrc/ops/attention.h) and the entry point of each device (csrc/cpu/attention.cpp;
+// (csrc/ops/attention.cpp) and the entry point of each device (csrc/cpu/attention.cpp;
 // csrc/cuda/attention_softmax.cu and csrc/cuda/attention_heads.cu). Plain C++, included by the CUDA files.
 #pragma once
 #include <cstdint>
 
 #include "fls/common.h"
+#include "cuda_launcher.h"
 
 namespace fls {
 
@@ -98,7 +99,7 @@ struct MergeHeadsParams {
   int64_t T, B, H, head_dim;
 };
 
-// No CPU merge_heads: on CPU the op layer lets ATen's strided copy do it (csrc/ops/cpu_ops.cpp).
+// No CPU merge_heads: on CPU the op layer lets ATen's strided copy do it (csrc/ops/attention.cpp).
 namespace cpu {
 void attention_softmax_fwd(const AttentionSoftmaxFwdParams& p);
 void attention_softmax_bwd(const AttentionSoftmaxBwdParams& p);
@@ -109,13 +110,13 @@ void qkv_bias_split_bwd(const QkvBiasSplitBwdParams& p);
 // CUDA launchers return a cudaError_t as int (0 = ok). Softmax: csrc/cuda/attention_softmax.cu; head
 // permutations: csrc/cuda/attention_heads.cu.
 namespace cuda {
-int attention_softmax_fwd(const AttentionSoftmaxFwdParams& p, void* stream);
-int attention_softmax_bwd(const AttentionSoftmaxBwdParams& p, void* stream);
-int qkv_bias_split(const QkvBiasSplitParams& p, void* stream);
+FLS_CUDA_LAUNCHER int attention_softmax_fwd(const AttentionSoftmaxFwdParams& p, void* stream);
+FLS_CUDA_LAUNCHER int attention_softmax_bwd(const AttentionSoftmaxBwdParams& p, void* stream);
+FLS_CUDA_LAUNCHER int qkv_bias_split(const QkvBiasSplitParams& p, void* stream);
 // Floats of scratch memory qkv_bias_split_bwd needs (per-chunk partial column sums of dqkv).
-int64_t qkv_bias_split_bwd_workspace(int64_t rows, int64_t cols);
-int qkv_bias_split_bwd(const QkvBiasSplitBwdParams& p, float* workspace, void* stream);
-int merge_heads(const MergeHeadsParams& p, void* stream);
+FLS_CUDA_LAUNCHER int64_t qkv_bias_split_bwd_workspace(int64_t rows, int64_t cols);
+FLS_CUDA_LAUNCHER int qkv_bias_split_bwd(const QkvBiasSplitBwdParams& p, float* workspace, void* stream);
+FLS_CUDA_LAUNCHER int merge_heads(const MergeHeadsParams& p, void* stream);
 }  // namespace cuda
 
 }  // namespace fls

@@ -1,10 +1,11 @@
 // Kernel interface of the label-smoothed cross-entropy family (formulas in fls/label_smoothing.h): the
-// params the op layer fills (csrc/ops/cross_entropy.h) and the entry point of each device
+// params the op layer fills (csrc/ops/cross_entropy.cpp) and the entry point of each device
 // (csrc/cpu/cross_entropy.cpp, csrc/cuda/cross_entropy.cu). Plain C++, included by the CUDA file.
 #pragma once
 #include <cstdint>
 
 #include "fls/common.h"
+#include "cuda_launcher.h"
 
 namespace fls {
 
@@ -46,8 +47,8 @@ void ls_cross_entropy_bwd(const LsCrossEntropyBwdParams& p);
 
 // CUDA launchers return a cudaError_t as int (0 = ok).
 namespace cuda {
-int ls_cross_entropy_fwd(const LsCrossEntropyFwdParams& p, void* stream);
-int ls_cross_entropy_bwd(const LsCrossEntropyBwdParams& p, void* stream);
+FLS_CUDA_LAUNCHER int ls_cross_entropy_fwd(const LsCrossEntropyFwdParams& p, void* stream);
+FLS_CUDA_LAUNCHER int ls_cross_entropy_bwd(const LsCrossEntropyBwdParams& p, void* stream);
 }  // namespace cuda
 
 }  // namespace fls

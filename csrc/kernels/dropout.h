@@ -1,5 +1,5 @@
 // Kernel interface of the dropout family (bias + activation + dropout (+ residual), and the raw Philox keep
-// mask): the params the op layer fills (csrc/ops/dropout.h) and the entry point of each device
+// mask): the params the op layer fills (csrc/ops/dropout.cpp) and the entry point of each device
 // (csrc/cpu/dropout.cpp, csrc/cuda/dropout.cu). Plain C++, included by the CUDA file.
 //
 // Element e = r * cols + c of a [rows, cols] tensor uses Philox stream element drop.offset + e
@@ -9,6 +9,7 @@
 
 #include "fls/activations.h"
 #include "fls/common.h"
+#include "cuda_launcher.h"
 
 namespace fls {
 
@@ -55,11 +56,11 @@ void bias_act_dropout_bwd(const BiasActDropoutBwdParams& p);
 
 // CUDA launchers return a cudaError_t as int (0 = ok).
 namespace cuda {
-int dropout_mask(const DropoutMaskParams& p, void* stream);
-int bias_act_dropout_fwd(const BiasActDropoutFwdParams& p, void* stream);
+FLS_CUDA_LAUNCHER int dropout_mask(const DropoutMaskParams& p, void* stream);
+FLS_CUDA_LAUNCHER int bias_act_dropout_fwd(const BiasActDropoutFwdParams& p, void* stream);
 // Floats of scratch memory bias_act_dropout_bwd needs (per-chunk partial column sums).
-int64_t bias_act_dropout_bwd_workspace(int64_t rows, int64_t cols);
-int bias_act_dropout_bwd(const BiasActDropoutBwdParams& p, float* workspace, void* stream);
+FLS_CUDA_LAUNCHER int64_t bias_act_dropout_bwd_workspace(int64_t rows, int64_t cols);
+FLS_CUDA_LAUNCHER int bias_act_dropout_bwd(const BiasActDropoutBwdParams& p, float* workspace, void* stream);
 }  // namespace cuda
 
 }  // namespace fls

@@ -1,10 +1,11 @@
-// Kernel interface of the embedding family: the params the op layer fills (csrc/ops/embedding.h) and the
+// Kernel interface of the embedding family: the params the op layer fills (csrc/ops/embedding.cpp) and the
 // entry point of each device (csrc/cpu/embedding.cpp, csrc/cuda/embedding.cu). Plain C++, included by the
 // CUDA file.
 #pragma once
 #include <cstdint>
 
 #include "fls/common.h"
+#include "cuda_launcher.h"
 
 namespace fls {
 
@@ -53,7 +54,7 @@ void embedding_table_grad(const EmbeddingTableGradParams& p);
 
 // CUDA launchers return a cudaError_t as int (0 = ok).
 namespace cuda {
-int embedding_fwd(const EmbeddingFwdParams& p, void* stream);
+FLS_CUDA_LAUNCHER int embedding_fwd(const EmbeddingFwdParams& p, void* stream);
 
 // Key that marks a row giving no gradient (a pad token) in embedding_table_grad's sorted keys.
 constexpr int64_t kNoGradKey = INT64_MAX;
@@ -62,8 +63,8 @@ constexpr int64_t kNoGradKey = INT64_MAX;
 // does it with ATen, no host sync): sorted_keys, order: [n] int64 (order[i] = row of the i-th key), pad rows
 // keyed kNoGradKey (skipped). It writes only the rows it sums: out must be zero-filled. p.keys and p.tokens
 // are not read.
-int embedding_table_grad(const EmbeddingTableGradParams& p, const int64_t* sorted_keys, const int64_t* order,
-                         void* stream);
+FLS_CUDA_LAUNCHER int embedding_table_grad(const EmbeddingTableGradParams& p, const int64_t* sorted_keys,
+                                           const int64_t* order, void* stream);
 }  // namespace cuda
 
 }  // namespace fls

@@ -1,10 +1,11 @@
-// Kernel interface of the layer-norm family: the params the op layer fills (csrc/ops/layer_norm.h) and
+// Kernel interface of the layer-norm family: the params the op layer fills (csrc/ops/layer_norm.cpp) and
 // the entry point of each device (csrc/cpu/layer_norm.cpp, csrc/cuda/layer_norm.cu). Plain C++: the CUDA
 // file includes it and compiles with `nvcc -c` alone.
 #pragma once
 #include <cstdint>
 
 #include "fls/common.h"
+#include "cuda_launcher.h"
 
 namespace fls {
 
@@ -45,10 +46,10 @@ void layer_norm_bwd(const LayerNormBwdParams& p);
 
 // CUDA launchers return a cudaError_t as int (0 = ok), so that this header stays free of CUDA.
 namespace cuda {
-int layer_norm_fwd(const LayerNormFwdParams& p, void* stream);
+FLS_CUDA_LAUNCHER int layer_norm_fwd(const LayerNormFwdParams& p, void* stream);
 // Floats of scratch memory layer_norm_bwd needs (per-chunk partial column sums).
-int64_t layer_norm_bwd_workspace(int64_t rows, int64_t cols);
-int layer_norm_bwd(const LayerNormBwdParams& p, float* workspace, void* stream);
+FLS_CUDA_LAUNCHER int64_t layer_norm_bwd_workspace(int64_t rows, int64_t cols);
+FLS_CUDA_LAUNCHER int layer_norm_bwd(const LayerNormBwdParams& p, float* workspace, void* stream);
 }  // namespace cuda
 
 }  // namespace fls

@@ -1,4 +1,4 @@
-// ATen-side helpers shared by the op layer (csrc/ops/<family>.h): argument checks with messages that
+// ATen-side helpers shared by the op layer (csrc/ops/<family>.cpp): argument checks with messages that
 // name the argument and the limit, DType mapping, dropout parameters.
 #pragma once
 #include <ATen/ATen.h>

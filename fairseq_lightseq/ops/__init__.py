@@ -1,12 +1,15 @@
 """The fused ops as differentiable functions (autograd.Function over torch.ops.fairseq_lightseq.*),
-falling back to the reference ops (`fairseq_lightseq.ops.reference`) where no kernel is built."""
+falling back to the reference ops (`fairseq_lightseq.ops.reference`) where no kernel is built.
+
+Each family module (`layer_norm.py`, `attention.py`, ...) lists its public names in `__all__`; this
+package exports them all (FAMILY_EXPORTS), so adding a family adds no line here."""
+import sys
+
 from . import reference  # noqa: F401
 from . import blocks  # noqa: F401
 from ._backend import BUILD_INFO, NO_DROPOUT, Dropout, draw, has_kernel  # noqa: F401
-from .adam import adam_step  # noqa: F401
-from .reference.attention import AttentionCoords  # noqa: F401
-from .attention import attention_softmax_dropout, merge_heads, qkv_bias_split  # noqa: F401
-from .cross_entropy import label_smoothed_cross_entropy, linear_label_smoothed_cross_entropy  # noqa: F401
-from .dropout import bias_act_dropout, bias_dropout_residual, dropout, dropout_mask  # noqa: F401
-from .embedding import embedding  # noqa: F401
-from .layer_norm import layer_norm  # noqa: F401
+from .reference.attention import AttentionCoords  # noqa: F401  (the coords type the attention op takes)
+from . import _families
+
+# {public name: object}, from every family module's __all__
+FAMILY_EXPORTS = _families.export_families(sys.modules[__name__])

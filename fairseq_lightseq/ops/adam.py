@@ -1,4 +1,6 @@
 """Fused multi-tensor Adam step (fairseq's adam semantics) over torch.ops.fairseq_lightseq.adam_step_."""
+__all__ = ["adam_step"]
+
 from collections import defaultdict
 from typing import List
 

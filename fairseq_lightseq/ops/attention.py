@@ -6,6 +6,8 @@ for backward; out = the dropped probabilities, or an empty tensor when dropout i
 (floor(p * 2^24) == 0), in which case y itself is the result. Backward regenerates the dropout mask
 from (seed, offset) instead of storing it.
 """
+__all__ = ["attention_softmax_dropout", "qkv_bias_split", "merge_heads"]
+
 from typing import Optional, Union
 
 import torch

@@ -5,6 +5,8 @@ projection that never materialises the [N, V] logits.
 Formula (see csrc/include/fls/label_smoothing.h): eps_i = eps / (V - 1),
 loss = (1 - eps - eps_i) * nll + eps_i * sum_v(-log p_v), per token, zero where target == ignore_index.
 """
+__all__ = ["label_smoothed_cross_entropy", "linear_label_smoothed_cross_entropy"]
+
 import torch
 
 from . import _backend, reference

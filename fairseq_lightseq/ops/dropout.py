@@ -5,6 +5,8 @@ takes its draw as a `_backend.Dropout` (p, seed, offset), or a float p for which
 torch's default generator (only when training with p > 0), so torch.manual_seed reproduces runs.
 The mask is never stored: backward regenerates it from (seed, offset).
 """
+__all__ = ["bias_dropout_residual", "bias_act_dropout", "dropout", "dropout_mask"]
+
 from typing import Union
 
 import torch

@@ -1,4 +1,6 @@
 """Differentiable token + position embedding with dropout over torch.ops.fairseq_lightseq.embedding_{fwd,bwd}."""
+__all__ = ["embedding"]
+
 from typing import Optional, Union
 
 import torch

@@ -1,4 +1,6 @@
 """Differentiable fused layer norm over torch.ops.fairseq_lightseq.layer_norm_{fwd,bwd}."""
+__all__ = ["layer_norm"]
+
 import torch
 
 from . import _backend, reference

@@ -1,4 +1,6 @@
 """Adam as fairseq's `adam` optimizer (fairseq/optim/adam.py) applies it, for lists of tensors."""
+__all__ = ["adam_step"]
+
 import math
 from typing import List
 

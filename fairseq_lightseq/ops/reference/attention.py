@@ -1,4 +1,6 @@
 """Attention probabilities and the head split/merge around the attention GEMMs."""
+__all__ = ["AttentionCoords", "attention_softmax_dropout", "qkv_bias_split", "merge_heads"]
+
 from typing import NamedTuple, Optional, Sequence, Union
 
 import torch

@@ -1,4 +1,6 @@
 """Label-smoothed cross entropy with fairseq's formula, and its fusion with the output projection."""
+__all__ = ["label_smoothed_cross_entropy", "linear_label_smoothed_cross_entropy"]
+
 import torch
 
 

@@ -1,4 +1,6 @@
 """bias + dropout + residual, and bias + activation + dropout."""
+__all__ = ["activation", "bias_dropout_residual", "bias_act_dropout"]
+
 import math
 
 import torch

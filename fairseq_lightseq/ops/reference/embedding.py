@@ -1,4 +1,6 @@
 """Token + position embedding with fairseq's position semantics."""
+__all__ = ["make_positions", "embedding"]
+
 from typing import Optional
 
 import torch

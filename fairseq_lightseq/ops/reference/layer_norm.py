@@ -1,4 +1,6 @@
 """Layer norm over the last dimension, the definition the kernels are tested against."""
+__all__ = ["layer_norm"]
+
 import torch
 
 

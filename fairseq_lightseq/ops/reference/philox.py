@@ -3,6 +3,8 @@
 Bit-for-bit the generator of csrc/include/fls/philox.h: the keep bit of element e of a draw with
 (seed, offset) depends on (seed, offset + e) only. See that header for the definition.
 """
+__all__ = ["keep_mask", "dropout"]
+
 import torch
 
 _M0, _M1 = 0xD2511F53, 0xCD9E8D57

@@ -1,5 +1,6 @@
-// Op layer of the attention family: argument checks and output allocation, shared by the CPU and CUDA
-// implementations (csrc/ops/cpu_ops.cpp, csrc/ops/cuda/cuda_ops.cpp).
+// Op layer of the attention family: the ops' schemas; per op, the argument checks and output allocation
+// both devices share (<op>_prepare), then the CPU and the CUDA implementation, each registered under its own
+// dispatch key.
 //
 //   attention_softmax_fwd(scores [B,H,Tq,Tk], key_padding_mask [B,Tk] bool or None, causal, scale, p, seed,
 //                         offset, coords=[]) -> (y, out)
@@ -12,13 +13,13 @@
 //   qkv_bias_split(qkv [T,B,3E], bias [3E], num_heads) -> (q, k, v) each [B*heads, T, E/heads];
 //   qkv_bias_split_bwd(dq, dk, dv, num_heads) -> (dqkv [T,B,3E], dbias [3E]);
 //   merge_heads(x [B*heads,T,hd], num_heads) -> [T,B,heads*hd]. Its backward is a view of dy (Python).
-#pragma once
 #include <cmath>
 
 #include "../kernels/attention.h"
-#include "utils.h"
+#include "device.h"
 
 namespace fls {
+namespace {
 
 inline void check_softmax_scale(double scale, const char* op) {
   TORCH_CHECK(std::isfinite(scale), op, ": scale must be finite, got ", scale);
@@ -190,6 +191,125 @@ inline MergeHeads merge_heads_prepare(const at::Tensor& x, int64_t num_heads) {
   op.params = {.dtype = to_dtype(x.scalar_type()), .x = op.x.data_ptr(), .y = op.y.data_ptr(), .T = T, .B = B,
                .H = num_heads, .head_dim = hd};
   return op;
+}
+
+// ---- CPU
+std::tuple<at::Tensor, at::Tensor> attention_softmax_fwd_cpu(const at::Tensor& scores,
+                                                             const c10::optional<at::Tensor>& key_padding_mask,
+                                                             bool causal, double scale, double p, int64_t seed,
+                                                             int64_t offset, at::IntArrayRef coords) {
+  auto op = attention_softmax_fwd_prepare(scores, key_padding_mask, causal, scale, p, seed, offset, coords);
+  cpu::attention_softmax_fwd(op.params);
+  return {op.y, op.out};
+}
+
+at::Tensor attention_softmax_bwd_cpu(const at::Tensor& dout, const at::Tensor& y, double scale, double p, int64_t seed,
+                                     int64_t offset, at::IntArrayRef coords) {
+  auto op = attention_softmax_bwd_prepare(dout, y, scale, p, seed, offset, coords);
+  cpu::attention_softmax_bwd(op.params);
+  return op.dscores;
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> qkv_bias_split_cpu(const at::Tensor& qkv, const at::Tensor& bias,
+                                                                  int64_t num_heads) {
+  auto op = qkv_bias_split_prepare(qkv, bias, num_heads);
+  cpu::qkv_bias_split(op.params);
+  return {op.q, op.k, op.v};
+}
+
+std::tuple<at::Tensor, at::Tensor> qkv_bias_split_bwd_cpu(const at::Tensor& dq, const at::Tensor& dk,
+                                                          const at::Tensor& dv, int64_t num_heads) {
+  auto op = qkv_bias_split_bwd_prepare(dq, dk, dv, num_heads);
+  cpu::qkv_bias_split_bwd(op.params);
+  return {op.dqkv, op.dbias};
+}
+
+at::Tensor merge_heads_cpu(const at::Tensor& x, int64_t num_heads) {
+  auto op = merge_heads_prepare(x, num_heads);
+  // A lone head merge is a plain permutation with nothing to fuse: on CPU, ATen's strided copy
+  // measured faster than our row loop (0.41 vs 0.51 ms at 4096 x 512, 2 threads), so it does it.
+  const auto& q = op.params;
+  op.y.view({q.T, q.B, q.H, q.head_dim}).copy_(op.x.view({q.B, q.H, q.T, q.head_dim}).permute({2, 0, 1, 3}));
+  return op.y;
+}
+
+// ---- CUDA (registered only in a CUDA build)
+std::tuple<at::Tensor, at::Tensor> attention_softmax_fwd_cuda(const at::Tensor& scores,
+                                                              const c10::optional<at::Tensor>& key_padding_mask,
+                                                              bool causal, double scale, double p, int64_t seed,
+                                                              int64_t offset, at::IntArrayRef coords) {
+  const c10::DeviceGuard guard(scores.device());
+  auto op = attention_softmax_fwd_prepare(scores, key_padding_mask, causal, scale, p, seed, offset, coords);
+  const int64_t rows = op.params.B * op.params.H * op.params.Tq;
+  TORCH_CHECK(rows <= kMaxRows32, "attention_softmax: at most 2^31-1 rows (B*H*Tq) on CUDA, got ", rows);
+  FLS_CHECK_LAUNCH(cuda::attention_softmax_fwd(op.params, stream_of(scores)));
+  return {op.y, op.out};
+}
+
+at::Tensor attention_softmax_bwd_cuda(const at::Tensor& dout, const at::Tensor& y, double scale, double p, int64_t seed,
+                                      int64_t offset, at::IntArrayRef coords) {
+  const c10::DeviceGuard guard(y.device());
+  auto op = attention_softmax_bwd_prepare(dout, y, scale, p, seed, offset, coords);
+  TORCH_CHECK(op.params.rows <= kMaxRows32, "attention_softmax_bwd: at most 2^31-1 rows (B*H*Tq) on CUDA, got ",
+              op.params.rows);
+  FLS_CHECK_LAUNCH(cuda::attention_softmax_bwd(op.params, stream_of(y)));
+  return op.dscores;
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> qkv_bias_split_cuda(const at::Tensor& qkv, const at::Tensor& bias,
+                                                                   int64_t num_heads) {
+  const c10::DeviceGuard guard(qkv.device());
+  auto op = qkv_bias_split_prepare(qkv, bias, num_heads);
+  FLS_CHECK_LAUNCH(cuda::qkv_bias_split(op.params, stream_of(qkv)));
+  return {op.q, op.k, op.v};
+}
+
+std::tuple<at::Tensor, at::Tensor> qkv_bias_split_bwd_cuda(const at::Tensor& dq, const at::Tensor& dk,
+                                                           const at::Tensor& dv, int64_t num_heads) {
+  const c10::DeviceGuard guard(dq.device());
+  auto op = qkv_bias_split_bwd_prepare(dq, dk, dv, num_heads);
+  const auto& q = op.params;
+  auto ws = workspace(cuda::qkv_bias_split_bwd_workspace(q.T * q.B, 3 * q.H * q.head_dim), dq);
+  FLS_CHECK_LAUNCH(cuda::qkv_bias_split_bwd(op.params, ws.data_ptr<float>(), stream_of(dq)));
+  return {op.dqkv, op.dbias};
+}
+
+at::Tensor merge_heads_cuda(const at::Tensor& x, int64_t num_heads) {
+  const c10::DeviceGuard guard(x.device());
+  auto op = merge_heads_prepare(x, num_heads);
+  FLS_CHECK_LAUNCH(cuda::merge_heads(op.params, stream_of(x)));
+  return op.y;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(fairseq_lightseq, m) {
+  m.def(
+      "attention_softmax_fwd(Tensor scores, Tensor? key_padding_mask, bool causal, float scale, float p, int seed, "
+      "int offset, int[] coords=[]) -> (Tensor y, Tensor out)");
+  m.def(
+      "attention_softmax_bwd(Tensor dout, Tensor y, float scale, float p, int seed, int offset, int[] coords=[]) -> "
+      "Tensor");
+  m.def("qkv_bias_split(Tensor qkv, Tensor bias, int num_heads) -> (Tensor q, Tensor k, Tensor v)");
+  m.def("qkv_bias_split_bwd(Tensor dq, Tensor dk, Tensor dv, int num_heads) -> (Tensor dqkv, Tensor dbias)");
+  m.def("merge_heads(Tensor x, int num_heads) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(fairseq_lightseq, CPU, m) {
+  m.impl("attention_softmax_fwd", &attention_softmax_fwd_cpu);
+  m.impl("attention_softmax_bwd", &attention_softmax_bwd_cpu);
+  m.impl("qkv_bias_split", &qkv_bias_split_cpu);
+  m.impl("qkv_bias_split_bwd", &qkv_bias_split_bwd_cpu);
+  m.impl("merge_heads", &merge_heads_cpu);
+}
+
+TORCH_LIBRARY_IMPL(fairseq_lightseq, CUDA, m) {
+  if (!kWithCuda) return;
+  m.impl("attention_softmax_fwd", &attention_softmax_fwd_cuda);
+  m.impl("attention_softmax_bwd", &attention_softmax_bwd_cuda);
+  m.impl("qkv_bias_split", &qkv_bias_split_cuda);
+  m.impl("qkv_bias_split_bwd", &qkv_bias_split_bwd_cuda);
+  m.impl("merge_heads", &merge_heads_cuda);
 }
 
 }  // namespace fls

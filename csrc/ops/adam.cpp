@@ -1,13 +1,15 @@
-// Op layer of the fused Adam step: argument checks and the tensor table, shared by the CPU and CUDA
-// implementations (csrc/ops/cpu_ops.cpp, csrc/ops/cuda/cuda_ops.cpp).
-#pragma once
+// Op layer of the fused Adam step: the op's schema; the argument checks and the tensor table both devices
+// share (adam_step_prepare), then the CPU and the CUDA implementation, each registered under its own
+// dispatch key.
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "../kernels/adam.h"
-#include "utils.h"
+#include "device.h"
 
 namespace fls {
+namespace {
 
 inline void check_adam_args(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs,
                             at::TensorList exp_avg_sqs, int64_t step, double lr, double beta1, double beta2,
@@ -89,6 +91,70 @@ inline AdamStep adam_step_prepare(at::TensorList params, at::TensorList grads, a
     if (!group.table.empty()) op.groups.push_back(std::move(group));
   }
   return op;
+}
+
+// ---- CPU
+void adam_step_cpu(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
+                   int64_t step, double lr, double beta1, double beta2, double eps, double weight_decay,
+                   double grad_scale) {
+  const auto op = adam_step_prepare(params, grads, exp_avgs, exp_avg_sqs, step, lr, beta1, beta2, eps, weight_decay,
+                                    grad_scale);
+  for (const auto& group : op.groups) {
+    cpu::adam_step({.grad_dtype = group.grad_dtype, .tensors = group.table.data(),
+                    .num_tensors = static_cast<int64_t>(group.table.size()), .coeffs = op.coeffs});
+  }
+}
+
+// ---- CUDA (registered only in a CUDA build)
+void adam_step_cuda(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
+                    int64_t step, double lr, double beta1, double beta2, double eps, double weight_decay,
+                    double grad_scale) {
+  const auto op = adam_step_prepare(params, grads, exp_avgs, exp_avg_sqs, step, lr, beta1, beta2, eps, weight_decay,
+                                    grad_scale);
+  if (op.groups.empty()) return;
+  const c10::DeviceGuard guard(params[0].device());
+  for (const auto& group : op.groups) {
+    const auto& table = group.table;
+    std::vector<int64_t> chunks;
+    for (size_t t = 0; t < table.size(); ++t) {
+      const int64_t nc = (table[t].n + cuda::kAdamChunk - 1) / cuda::kAdamChunk;
+      TORCH_CHECK(nc < (int64_t(1) << 32), "adam_step_: a tensor of ", table[t].n,
+                  " elements exceeds the supported maximum of 2^32 chunks of ", cuda::kAdamChunk);
+      for (int64_t k = 0; k < nc; ++k) chunks.push_back(cuda::adam_chunk_entry(static_cast<int64_t>(t), k));
+    }
+    // Table and chunk list in one pinned buffer, copied without blocking the host; the caching
+    // host allocator keeps the buffer alive until the copy on this stream has completed.
+    const int64_t table_bytes = static_cast<int64_t>(table.size() * sizeof(AdamTensor));
+    const int64_t bytes = table_bytes + static_cast<int64_t>(chunks.size() * sizeof(int64_t));
+    auto host = at::empty({bytes}, at::TensorOptions().dtype(at::kByte).pinned_memory(true));
+    std::memcpy(host.data_ptr(), table.data(), table_bytes);
+    std::memcpy(static_cast<char*>(host.data_ptr()) + table_bytes, chunks.data(), bytes - table_bytes);
+    auto dev = host.to(params[0].device(), at::kByte, /*non_blocking=*/true);
+    const auto* base = static_cast<const char*>(dev.data_ptr());
+    const AdamStepParams p = {.grad_dtype = group.grad_dtype,
+                              .tensors = reinterpret_cast<const AdamTensor*>(base),
+                              .num_tensors = static_cast<int64_t>(table.size()),
+                              .coeffs = op.coeffs};
+    FLS_CHECK_LAUNCH(cuda::adam_step(p, reinterpret_cast<const int64_t*>(base + table_bytes),
+                                     static_cast<int64_t>(chunks.size()), stream_of(params[0])));
+  }
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(fairseq_lightseq, m) {
+  m.def(
+      "adam_step_(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] exp_avgs, Tensor(c!)[] exp_avg_sqs, int step, "
+      "float lr, float beta1, float beta2, float eps, float weight_decay, float grad_scale=1.0) -> ()");
+}
+
+TORCH_LIBRARY_IMPL(fairseq_lightseq, CPU, m) {
+  m.impl("adam_step_", &adam_step_cpu);
+}
+
+TORCH_LIBRARY_IMPL(fairseq_lightseq, CUDA, m) {
+  if (!kWithCuda) return;
+  m.impl("adam_step_", &adam_step_cuda);
 }
 
 }  // namespace fls

@@ -1,15 +1,16 @@
-// Op layer of the embedding family: argument checks (dtypes, shapes) and output allocation, shared by the
-// CPU and CUDA implementations (csrc/ops/cpu_ops.cpp, csrc/ops/cuda/cuda_ops.cpp). Token/position ranges
-// are checked by the CPU implementation on the host (check_range) and inside the kernels on CUDA: a host
-// check there would copy a device min/max to the host, one stream sync per call.
-#pragma once
+// Op layer of the embedding family: the ops' schemas; per op, the argument checks (dtypes, shapes) and
+// output allocation both devices share (<op>_prepare), then the CPU and the CUDA implementation, each
+// registered under its own dispatch key. Token/position ranges are checked by the CPU implementation on the
+// host (check_range) and inside the kernels on CUDA: a host check there would copy a device min/max to the
+// host, one stream sync per call.
 #include <algorithm>
 #include <utility>
 
 #include "../kernels/embedding.h"
-#include "utils.h"
+#include "device.h"
 
 namespace fls {
+namespace {
 
 inline void check_index(const at::Tensor& t, const at::Tensor& tokens, const char* name) {
   TORCH_CHECK(t.scalar_type() == at::kLong, "embedding: ", name, " must be int64, got ", t.scalar_type());
@@ -120,6 +121,92 @@ inline EmbeddingBwd embedding_bwd_prepare(const at::Tensor& grad, const at::Tens
   op.pos_grad.num_rows = num_positions;
   op.pos_grad.keys_are_positions = true;
   return op;
+}
+
+// ---- CPU (ids range-checked here on the host; the CUDA kernels check them on the device)
+at::Tensor embedding_fwd_cpu(const at::Tensor& tokens, const at::Tensor& weight,
+                             const c10::optional<at::Tensor>& pos_weight, const c10::optional<at::Tensor>& positions,
+                             int64_t padding_idx, double scale, double p, int64_t seed, int64_t offset) {
+  auto op = embedding_fwd_prepare(tokens, weight, pos_weight, positions, padding_idx, scale, p, seed, offset);
+  check_range(op.tokens, op.params.num_embeddings, "token id", "num_embeddings");
+  if (op.positions.defined()) check_range(op.positions, op.params.num_positions, "position", "max positions");
+  cpu::embedding_fwd(op.params);
+  return op.out;
+}
+
+std::tuple<at::Tensor, at::Tensor> embedding_bwd_cpu(const at::Tensor& grad, const at::Tensor& tokens,
+                                                     const c10::optional<at::Tensor>& positions, int64_t num_weights,
+                                                     int64_t num_positions, int64_t padding_idx, double scale, double p,
+                                                     int64_t seed, int64_t offset) {
+  auto op = embedding_bwd_prepare(grad, tokens, positions, num_weights, num_positions, padding_idx, scale, p, seed,
+                                  offset);
+  // Forward already checked the ranges; they are checked again because a wrong key writes out of bounds.
+  if (num_weights > 0) check_range(op.tokens, num_weights, "token id", "num_embeddings");
+  if (num_positions > 0) check_range(op.positions, num_positions, "position", "max positions");
+  if (num_weights > 0) cpu::embedding_table_grad(op.weight_grad);
+  if (num_positions > 0) cpu::embedding_table_grad(op.pos_grad);
+  return {op.dweight, op.dpos_weight};
+}
+
+// ---- CUDA (registered only in a CUDA build; ids range-checked inside the kernels: a host check would sync
+// the stream)
+at::Tensor embedding_fwd_cuda(const at::Tensor& tokens, const at::Tensor& weight,
+                              const c10::optional<at::Tensor>& pos_weight, const c10::optional<at::Tensor>& positions,
+                              int64_t padding_idx, double scale, double p, int64_t seed, int64_t offset) {
+  const c10::DeviceGuard guard(weight.device());
+  auto op = embedding_fwd_prepare(tokens, weight, pos_weight, positions, padding_idx, scale, p, seed, offset);
+  FLS_CHECK_LAUNCH(cuda::embedding_fwd(op.params, stream_of(weight)));
+  return op.out;
+}
+
+// Deterministic gradient of one table: pad rows get the key kNoGradKey (skipped), a stable sort on the
+// device groups equal keys in row order (no host sync); the kernel sums each run in that order.
+void table_grad(const EmbeddingTableGradParams& p, const at::Tensor& keys, const at::Tensor& pad_rows,
+                const at::Tensor& out) {
+  const auto k = keys.reshape({-1}).masked_fill(pad_rows, cuda::kNoGradKey);
+  const auto sorted = at::sort(k, /*stable=*/true, /*dim=*/0, /*descending=*/false);
+  FLS_CHECK_LAUNCH(cuda::embedding_table_grad(p, std::get<0>(sorted).data_ptr<int64_t>(),
+                                              std::get<1>(sorted).data_ptr<int64_t>(), stream_of(out)));
+}
+
+std::tuple<at::Tensor, at::Tensor> embedding_bwd_cuda(const at::Tensor& grad, const at::Tensor& tokens,
+                                                      const c10::optional<at::Tensor>& positions, int64_t num_weights,
+                                                      int64_t num_positions, int64_t padding_idx, double scale,
+                                                      double p, int64_t seed, int64_t offset) {
+  const c10::DeviceGuard guard(grad.device());
+  auto op = embedding_bwd_prepare(grad, tokens, positions, num_weights, num_positions, padding_idx, scale, p, seed,
+                                  offset);
+  // The kernel writes only the rows it sums.
+  op.dweight.zero_();
+  op.dpos_weight.zero_();
+  if (op.weight_grad.n > 0 && op.weight_grad.dim > 0 && (num_weights > 0 || num_positions > 0)) {
+    const auto pad_rows = op.tokens.reshape({-1}).eq(padding_idx);
+    if (num_weights > 0) table_grad(op.weight_grad, op.tokens, pad_rows, op.dweight);
+    if (num_positions > 0) table_grad(op.pos_grad, op.positions, pad_rows, op.dpos_weight);
+  }
+  return {op.dweight, op.dpos_weight};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(fairseq_lightseq, m) {
+  m.def(
+      "embedding_fwd(Tensor tokens, Tensor weight, Tensor? pos_weight, Tensor? positions, int padding_idx, "
+      "float scale, float p, int seed, int offset) -> Tensor");
+  m.def(
+      "embedding_bwd(Tensor grad, Tensor tokens, Tensor? positions, int num_weights, int num_positions, "
+      "int padding_idx, float scale, float p, int seed, int offset) -> (Tensor dweight, Tensor dpos_weight)");
+}
+
+TORCH_LIBRARY_IMPL(fairseq_lightseq, CPU, m) {
+  m.impl("embedding_fwd", &embedding_fwd_cpu);
+  m.impl("embedding_bwd", &embedding_bwd_cpu);
+}
+
+TORCH_LIBRARY_IMPL(fairseq_lightseq, CUDA, m) {
+  if (!kWithCuda) return;
+  m.impl("embedding_fwd", &embedding_fwd_cuda);
+  m.impl("embedding_bwd", &embedding_bwd_cuda);
 }
 
 }  // namespace fls

@@ -1,17 +1,17 @@
 // Op layer of the dropout family: bias+dropout+residual, bias+activation+dropout and the raw Philox keep
-// mask. Argument checks and output allocation, shared by the CPU and CUDA implementations
-// (csrc/ops/cpu_ops.cpp, csrc/ops/cuda/cuda_ops.cpp).
+// mask. The ops' schemas; per op, the argument checks and output allocation both devices share
+// (<op>_prepare), then the CPU and the CUDA implementation, each registered under its own dispatch key.
 //
 // Backward ops take (p, seed, offset) instead of a saved mask: the kernels regenerate the mask from the
 // Philox stream (fls/philox.h), which costs a few integer ops per element and saves storing and re-reading
 // a [rows, cols] mask.
-#pragma once
 #include <string>
 
 #include "../kernels/dropout.h"
-#include "utils.h"
+#include "device.h"
 
 namespace fls {
+namespace {
 
 inline Act parse_act(c10::string_view act, const char* op) {
   if (act == "relu") return Act::kRelu;
@@ -129,14 +129,115 @@ inline DropoutMask dropout_mask_prepare(int64_t numel, double p, int64_t seed, i
   return m;
 }
 
-// dropout_mask has no tensor argument for the dispatcher to choose a device by: one kernel registered
-// under CompositeExplicitAutograd (csrc/ops/cpu_ops.cpp) serves every device and runs the CUDA draw through
-// this pointer, which the CUDA registration (csrc/ops/cuda/cuda_ops.cpp) sets when the library loads. It
-// stays null in a CPU-only build.
-using DropoutMaskImpl = void (*)(const DropoutMask&);
-inline DropoutMaskImpl& cuda_dropout_mask_impl() {
-  static DropoutMaskImpl impl = nullptr;
-  return impl;
+// ---- CPU
+at::Tensor bias_dropout_residual_fwd_cpu(const at::Tensor& x, const at::Tensor& bias, const at::Tensor& residual,
+                                         double p, int64_t seed, int64_t offset) {
+  auto op = bias_dropout_residual_fwd_prepare(x, bias, residual, p, seed, offset);
+  cpu::bias_act_dropout_fwd(op.params);
+  return op.y;
 }
+
+std::tuple<at::Tensor, at::Tensor> bias_dropout_residual_bwd_cpu(const at::Tensor& dy, double p, int64_t seed,
+                                                                 int64_t offset) {
+  auto op = bias_dropout_residual_bwd_prepare(dy, p, seed, offset);
+  cpu::bias_act_dropout_bwd(op.params);
+  return {op.dx, op.dbias};
+}
+
+at::Tensor bias_act_dropout_fwd_cpu(const at::Tensor& x, const at::Tensor& bias, double p, c10::string_view act,
+                                    int64_t seed, int64_t offset) {
+  auto op = bias_act_dropout_fwd_prepare(x, bias, p, act, seed, offset);
+  cpu::bias_act_dropout_fwd(op.params);
+  return op.y;
+}
+
+std::tuple<at::Tensor, at::Tensor> bias_act_dropout_bwd_cpu(const at::Tensor& dy, const at::Tensor& x,
+                                                            const at::Tensor& bias, double p, c10::string_view act,
+                                                            int64_t seed, int64_t offset) {
+  auto op = bias_act_dropout_bwd_prepare(dy, x, bias, p, act, seed, offset);
+  cpu::bias_act_dropout_bwd(op.params);
+  return {op.dx, op.dbias};
+}
+
+// ---- CUDA (registered only in a CUDA build)
+at::Tensor bias_dropout_residual_fwd_cuda(const at::Tensor& x, const at::Tensor& bias, const at::Tensor& residual,
+                                          double p, int64_t seed, int64_t offset) {
+  const c10::DeviceGuard guard(x.device());
+  auto op = bias_dropout_residual_fwd_prepare(x, bias, residual, p, seed, offset);
+  FLS_CHECK_LAUNCH(cuda::bias_act_dropout_fwd(op.params, stream_of(x)));
+  return op.y;
+}
+
+std::tuple<at::Tensor, at::Tensor> bias_act_bwd(const BiasActDropoutBwd& op) {
+  auto ws = workspace(cuda::bias_act_dropout_bwd_workspace(op.params.rows, op.params.cols), op.dy);
+  FLS_CHECK_LAUNCH(cuda::bias_act_dropout_bwd(op.params, ws.data_ptr<float>(), stream_of(op.dy)));
+  return {op.dx, op.dbias};
+}
+
+std::tuple<at::Tensor, at::Tensor> bias_dropout_residual_bwd_cuda(const at::Tensor& dy, double p, int64_t seed,
+                                                                  int64_t offset) {
+  const c10::DeviceGuard guard(dy.device());
+  return bias_act_bwd(bias_dropout_residual_bwd_prepare(dy, p, seed, offset));
+}
+
+at::Tensor bias_act_dropout_fwd_cuda(const at::Tensor& x, const at::Tensor& bias, double p, c10::string_view act,
+                                     int64_t seed, int64_t offset) {
+  const c10::DeviceGuard guard(x.device());
+  auto op = bias_act_dropout_fwd_prepare(x, bias, p, act, seed, offset);
+  FLS_CHECK_LAUNCH(cuda::bias_act_dropout_fwd(op.params, stream_of(x)));
+  return op.y;
+}
+
+std::tuple<at::Tensor, at::Tensor> bias_act_dropout_bwd_cuda(const at::Tensor& dy, const at::Tensor& x,
+                                                             const at::Tensor& bias, double p, c10::string_view act,
+                                                             int64_t seed, int64_t offset) {
+  const c10::DeviceGuard guard(dy.device());
+  return bias_act_bwd(bias_act_dropout_bwd_prepare(dy, x, bias, p, act, seed, offset));
+}
+
+// ---- dropout_mask: no tensor argument for the dispatcher to choose a device by, so one kernel for every
+// device, registered under CompositeExplicitAutograd (not a catch-all def, so that a fake kernel can be
+// registered for it), branching on `device`.
+at::Tensor dropout_mask(int64_t numel, double p, int64_t seed, int64_t offset, at::Device device) {
+  auto op = dropout_mask_prepare(numel, p, seed, offset, device);
+  if (device.is_cpu()) {
+    cpu::dropout_mask(op.params);
+  } else {
+    TORCH_CHECK(kWithCuda, "dropout_mask: fairseq_lightseq was built without CUDA, cannot draw on ", device);
+    const c10::DeviceGuard guard(op.keep.device());
+    FLS_CHECK_LAUNCH(cuda::dropout_mask(op.params, stream_of(op.keep)));
+  }
+  return op.keep;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(fairseq_lightseq, m) {
+  m.def(
+      "bias_dropout_residual_fwd(Tensor x, Tensor bias, Tensor residual, float p, int seed, int offset) -> Tensor");
+  m.def("bias_dropout_residual_bwd(Tensor dy, float p, int seed, int offset) -> (Tensor dx, Tensor dbias)");
+  m.def("bias_act_dropout_fwd(Tensor x, Tensor bias, float p, str act, int seed, int offset) -> Tensor");
+  m.def(
+      "bias_act_dropout_bwd(Tensor dy, Tensor x, Tensor bias, float p, str act, int seed, int offset) -> (Tensor dx, "
+      "Tensor dbias)");
+  m.def("dropout_mask(int numel, float p, int seed, int offset, Device device) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(fairseq_lightseq, CPU, m) {
+  m.impl("bias_dropout_residual_fwd", &bias_dropout_residual_fwd_cpu);
+  m.impl("bias_dropout_residual_bwd", &bias_dropout_residual_bwd_cpu);
+  m.impl("bias_act_dropout_fwd", &bias_act_dropout_fwd_cpu);
+  m.impl("bias_act_dropout_bwd", &bias_act_dropout_bwd_cpu);
+}
+
+TORCH_LIBRARY_IMPL(fairseq_lightseq, CUDA, m) {
+  if (!kWithCuda) return;
+  m.impl("bias_dropout_residual_fwd", &bias_dropout_residual_fwd_cuda);
+  m.impl("bias_dropout_residual_bwd", &bias_dropout_residual_bwd_cuda);
+  m.impl("bias_act_dropout_fwd", &bias_act_dropout_fwd_cuda);
+  m.impl("bias_act_dropout_bwd", &bias_act_dropout_bwd_cuda);
+}
+
+TORCH_LIBRARY_IMPL(fairseq_lightseq, CompositeExplicitAutograd, m) { m.impl("dropout_mask", &dropout_mask); }
 
 }  // namespace fls

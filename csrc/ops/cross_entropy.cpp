@@ -1,13 +1,14 @@
-// Op layer of the label-smoothed cross-entropy family: argument checks and output allocation, shared by the
-// CPU and CUDA implementations (csrc/ops/cpu_ops.cpp, csrc/ops/cuda/cuda_ops.cpp). Forward saves only the
-// per-row logsumexp (never a [N, V] log-prob tensor).
-#pragma once
+// Op layer of the label-smoothed cross-entropy family: the ops' schemas; per op, the argument checks and
+// output allocation both devices share (<op>_prepare), then the CPU and the CUDA implementation, each
+// registered under its own dispatch key. Forward saves only the per-row logsumexp (never a [N, V] log-prob
+// tensor).
 #include <string>
 
 #include "../kernels/cross_entropy.h"
-#include "utils.h"
+#include "device.h"
 
 namespace fls {
+namespace {
 
 // Common checks; returns V. Every target must be ignore_index or in [0, V): the first one that is not is
 // named in the error: here on the CPU, by the forward kernel's device assert on CUDA.
@@ -95,6 +96,70 @@ inline LsCrossEntropyBwd ls_cross_entropy_bwd_prepare(const at::Tensor& dloss, c
                .dlogits = op.dlogits.data_ptr(), .rows = N, .V = V, .epsilon = epsilon,
                .ignore_index = ignore_index};
   return op;
+}
+
+// ---- CPU
+std::tuple<at::Tensor, at::Tensor, at::Tensor> label_smoothed_cross_entropy_fwd_cpu(const at::Tensor& logits,
+                                                                                    const at::Tensor& target,
+                                                                                    double epsilon,
+                                                                                    int64_t ignore_index) {
+  auto op = ls_cross_entropy_fwd_prepare(logits, target, epsilon, ignore_index);
+  cpu::ls_cross_entropy_fwd(op.params);
+  return {op.loss, op.nll, op.lse};
+}
+
+at::Tensor label_smoothed_cross_entropy_bwd_cpu(const at::Tensor& dloss, const at::Tensor& dnll,
+                                                const at::Tensor& logits, const at::Tensor& target,
+                                                const at::Tensor& lse, double epsilon, int64_t ignore_index) {
+  auto op = ls_cross_entropy_bwd_prepare(dloss, dnll, logits, target, lse, epsilon, ignore_index);
+  cpu::ls_cross_entropy_bwd(op.params);
+  return op.dlogits;
+}
+
+// ---- CUDA (registered only in a CUDA build)
+std::tuple<at::Tensor, at::Tensor, at::Tensor> label_smoothed_cross_entropy_fwd_cuda(const at::Tensor& logits,
+                                                                                     const at::Tensor& target,
+                                                                                     double epsilon,
+                                                                                     int64_t ignore_index) {
+  const c10::DeviceGuard guard(logits.device());
+  auto op = ls_cross_entropy_fwd_prepare(logits, target, epsilon, ignore_index);
+  TORCH_CHECK(op.params.rows <= kMaxRows32, "label_smoothed_cross_entropy: at most 2^31-1 rows on CUDA, got ",
+              op.params.rows);
+  FLS_CHECK_LAUNCH(cuda::ls_cross_entropy_fwd(op.params, stream_of(logits)));
+  return {op.loss, op.nll, op.lse};
+}
+
+at::Tensor label_smoothed_cross_entropy_bwd_cuda(const at::Tensor& dloss, const at::Tensor& dnll,
+                                                 const at::Tensor& logits, const at::Tensor& target,
+                                                 const at::Tensor& lse, double epsilon, int64_t ignore_index) {
+  const c10::DeviceGuard guard(logits.device());
+  auto op = ls_cross_entropy_bwd_prepare(dloss, dnll, logits, target, lse, epsilon, ignore_index);
+  TORCH_CHECK(op.params.rows <= kMaxRows32, "label_smoothed_cross_entropy_bwd: at most 2^31-1 rows on CUDA, got ",
+              op.params.rows);
+  FLS_CHECK_LAUNCH(cuda::ls_cross_entropy_bwd(op.params, stream_of(logits)));
+  return op.dlogits;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(fairseq_lightseq, m) {
+  m.def(
+      "label_smoothed_cross_entropy_fwd(Tensor logits, Tensor target, float epsilon, int ignore_index) -> "
+      "(Tensor loss, Tensor nll, Tensor lse)");
+  m.def(
+      "label_smoothed_cross_entropy_bwd(Tensor dloss, Tensor dnll, Tensor logits, Tensor target, Tensor lse, "
+      "float epsilon, int ignore_index) -> Tensor dlogits");
+}
+
+TORCH_LIBRARY_IMPL(fairseq_lightseq, CPU, m) {
+  m.impl("label_smoothed_cross_entropy_fwd", &label_smoothed_cross_entropy_fwd_cpu);
+  m.impl("label_smoothed_cross_entropy_bwd", &label_smoothed_cross_entropy_bwd_cpu);
+}
+
+TORCH_LIBRARY_IMPL(fairseq_lightseq, CUDA, m) {
+  if (!kWithCuda) return;
+  m.impl("label_smoothed_cross_entropy_fwd", &label_smoothed_cross_entropy_fwd_cuda);
+  m.impl("label_smoothed_cross_entropy_bwd", &label_smoothed_cross_entropy_bwd_cuda);
 }
 
 }  // namespace fls
