@@ -24,7 +24,10 @@ fairseq_lightseq.sequence_parallel.collectives, checked against the volumes of t
 (bench_support/sp_cells.expected_bytes) for the whole model.
 
 --attention sdpa runs torch's fused attention on the CPU too (SDPA_MODE = "always": nothing T x T
-kept for backward; the dropout then draws from torch's generator).
+kept for backward; the dropout then draws from torch's generator). With the explicit attention, a
+sharded call passes coordinates to the softmax-dropout op, which sends it to its pure-PyTorch
+reference until the compiled kernels take coordinates (the table says which ran);
+--attention-op kernel drops the coordinates to measure the kernel's memory and time instead.
 """
 import argparse
 import json
@@ -64,6 +67,11 @@ def parse_args(argv=None):
     p.add_argument("--attention", choices=["explicit", "sdpa"], default="explicit",
                    help="explicit: bmm + the fused softmax-dropout op on CPU (keeps [B, H, Tq, Tk]); sdpa: torch's "
                         "fused attention on every device (the default on CUDA whatever this says)")
+    p.add_argument("--attention-op", choices=["as-is", "kernel"], default="as-is",
+                   help="as-is: what the code runs (a sharded call has coordinates, which send the explicit "
+                        "attention's softmax-dropout to its pure-PyTorch reference until the kernels take them); "
+                        "kernel: drop the coordinates so the compiled kernel runs (its memory and time; not the "
+                        "single-process dropout masks)")
     p.add_argument("--max-gib", type=float, default=8.0, help="memory budget of a real cell (estimated)")
     p.add_argument("--fake-only", action="store_true", help="no real cells")
     p.add_argument("--warmup", type=int, default=1,
@@ -77,6 +85,7 @@ def parse_args(argv=None):
     p.add_argument("--gloo-layers", type=int, default=2)
     p.add_argument("--gloo-steps", type=int, default=5)
     p.add_argument("--json", metavar="PATH")
+    p.add_argument("--table-from", metavar="PATH", help="only print the table of a JSON this script wrote")
     a = p.parse_args(argv)
     for P in a.sizes:
         if P < 1:
@@ -122,6 +131,7 @@ def run_grid(a, out: dict) -> None:
     _log(f"model built: {sum(p.numel() for p in params) / 1e6:.1f}M parameters ({param_bytes / GIB:.2f} GiB), "
          f"{time.perf_counter() - t0:.0f} s")
     out["config"] = {**cfg, "batch": a.batch, "device": a.device, "dtype": a.dtype, "attention": a.attention,
+                     "attention_op": a.attention_op,
                      "max_gib": a.max_gib, "warmup": a.warmup, "reps": a.reps, "threads": torch.get_num_threads(),
                      "parameters": sum(p.numel() for p in params), "parameter_bytes": param_bytes,
                      "device_name": torch.cuda.get_device_name() if a.device == "cuda" else "cpu"}
@@ -132,8 +142,10 @@ def run_grid(a, out: dict) -> None:
         smp = sp_cells.sample(task, a.batch, T, a.device)
         exp = sp_cells.expected_bytes(mode, P, T, T, a.batch, a.embed_dim, a.layers, a.layers, elem)
         cell = {"mode": mode if P > 1 else "none", "P": P, "T": T, "S": T, "B": a.batch, "expected_sent": exp}
-        fk = sp_cells.fake_cell(model, criterion, smp, group, P, mode)
+        with sp_cells.attention_probe(a.attention_op == "kernel") as probe:
+            fk = sp_cells.fake_cell(model, criterion, smp, group, P, mode)
         cell["fake"] = fk
+        cell["attention"] = "sdpa" if a.attention == "sdpa" else "reference" if probe["reference"] else "kernel"
         est = 2 * param_bytes + 1.5 * fk["saved_bytes"]
         cell["estimated_bytes"] = est
         where = f"[{i + 1}/{len(grid)}] {cell['mode']} P={P} T={T}"
@@ -148,7 +160,8 @@ def run_grid(a, out: dict) -> None:
             _log(f"{where}: real skipped (memory: estimated {est / GIB:.1f} GiB)")
         else:
             t1 = time.perf_counter()
-            r = sp_cells.real_cell(model, criterion, smp, group, P, mode, a.warmup, a.reps)
+            with sp_cells.attention_probe(a.attention_op == "kernel"):
+                r = sp_cells.real_cell(model, criterion, smp, group, P, mode, a.warmup, a.reps)
             cell["real"] = r
             _log(f"{where}: real saved {r['saved_bytes'] / MIB:.1f} MiB, fwd+bwd median {r['median_seconds']:.3f} s "
                  f"({time.perf_counter() - t1:.0f} s)")
@@ -164,8 +177,8 @@ def _mib(n) -> str:
 def table(res: dict) -> str:
     """The markdown table: one row per cell."""
     rows = ["| mode | P | T=S | saved for backward MiB: real (fake) | fake vs P=1 | sent per direction MiB (formula) | "
-            "CUDA peak MiB | fwd+bwd s (median) | measured |",
-            "|---|---|---|---|---|---|---|---|---|"]
+            "CUDA peak MiB | fwd+bwd s (median) | measured | attention probs |",
+            "|---|---|---|---|---|---|---|---|---|---|"]
     base = {}
     for c in res["cells"]:
         real = c["real"]
@@ -185,12 +198,17 @@ def table(res: dict) -> str:
         saved_s = f"{_mib(saved)} ({_mib(c['fake']['saved_bytes'])})" if measured == "real" else \
             f"({_mib(c['fake']['saved_bytes'])})"
         rows.append(f"| {c['mode']} | {c['P']} | {c['T']} | {saved_s} | "
-                    f"{'' if ratio is None else f'{ratio:.3f}'} | {sent_s} | {peak} | {time_s} | {measured} |")
+                    f"{'' if ratio is None else f'{ratio:.3f}'} | {sent_s} | {peak} | {time_s} | {measured} | "
+                    f"{c.get('attention', '')} |")
     return "\n".join(rows)
 
 
 def main(argv=None) -> dict:
     a = parse_args(argv)
+    if a.table_from:
+        with open(a.table_from) as f:
+            print(table(json.load(f)))
+        return {}
     out = {"command": " ".join(["python", "scripts/bench_sequence_parallel.py"] + list(sys.argv[1:] if argv is None
                                                                                    else argv))}
     if not a.gloo_only:
@@ -207,7 +225,9 @@ def main(argv=None) -> dict:
         print(f"\nsaved / sent: fake tensors for every cell, real ones where 'measured' says real; 'vs P=1': fake "
               f"saved bytes over P=1's. Time: median of {a.reps} forward+backward steps after {a.warmup} warm-up "
               f"({out['config']['threads']} threads, {out['config']['device_name']}, {a.dtype}, attention "
-              f"{a.attention}). Sent: bytes rank 0 sends per direction (forward = backward).")
+              f"{a.attention}, --attention-op {a.attention_op}). 'attention probs': the softmax-dropout that ran (kernel: "
+              f"the compiled op; reference: its pure-PyTorch version, which sharded calls take while the kernels "
+              f"lack coordinates; sdpa: torch's fused attention). Sent: bytes rank 0 sends per direction (forward = backward).")
     if "gloo" in out:
         g = out["gloo"]
         print(f"\ngloo on this CPU, {g['mode']}, B={g['B']} T={g['T']}: P=1 {g['p1_tokens_per_s']:.0f} tokens/s, "

@@ -12,6 +12,7 @@ nothing; collectives.py still counts the bytes a real group would send).
   forward+backward time.
 """
 import argparse
+import contextlib
 import statistics
 import time
 from fractions import Fraction
@@ -120,6 +121,31 @@ class _StorageBytes(SavedBytes):
         return st.nbytes()
 
 
+@contextlib.contextmanager
+def attention_probe(kernel_without_coords: bool = False):
+    """Counts the calls of the attention-probability op's pure-PyTorch reference (ops.attention falls
+    back to it when a call has coordinates the compiled kernels do not take yet) and yields a dict
+    {"reference": n}. kernel_without_coords: drop the coordinates so the compiled kernel runs; its
+    memory and time are then the kernel's, its dropout masks not the single-process ones (never for
+    training; for measuring only)."""
+    from fairseq_lightseq.ops import attention as op, reference
+
+    counts = {"reference": 0}
+    ref, coords = reference.attention_softmax_dropout, op.attention_coords
+
+    def counted(*args, **kwargs):
+        counts["reference"] += 1
+        return ref(*args, **kwargs)
+
+    reference.attention_softmax_dropout = counted
+    if kernel_without_coords:
+        op.attention_coords = lambda c, shape: []
+    try:
+        yield counts
+    finally:
+        reference.attention_softmax_dropout, op.attention_coords = ref, coords
+
+
 def set_group(P: int):
     """This process as rank 0 of a fake world of P ranks; returns the group (None for P = 1)."""
     from torch.testing._internal.distributed.fake_pg import FakeStore
@@ -170,7 +196,7 @@ def fake_cell(model, criterion, smp, group, P: int, mode: str) -> dict:
     finally:
         _backend.next_seed = next_seed
         model.zero_grad(set_to_none=True)
-    return {"saved_bytes": sb.bytes, "saved_storages": sb.tensors, "sent": _sent(), "largest": sb.groups(4),
+    return {"saved_bytes": sb.bytes, "saved_storages": sb.tensors, "sent": _sent(), "largest": sb.groups(6),
             "seconds": time.perf_counter() - t0}
 
 
@@ -211,5 +237,5 @@ def real_cell(model, criterion, smp, group, P: int, mode: str, warmup: int, reps
         del loss
     model.zero_grad(set_to_none=True)
     return {"saved_bytes": sb.bytes, "saved_storages": sb.tensors, "sent": sent, "cuda_peak_bytes": peak, "cuda_static_bytes": static,
-            "largest": sb.groups(4), "step_seconds": times,
+            "largest": sb.groups(6), "step_seconds": times,
             "median_seconds": statistics.median(times) if times else None}
