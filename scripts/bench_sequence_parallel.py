@@ -74,6 +74,8 @@ def parse_args(argv=None):
                         "single-process dropout masks)")
     p.add_argument("--max-gib", type=float, default=8.0, help="memory budget of a real cell (estimated)")
     p.add_argument("--fake-only", action="store_true", help="no real cells")
+    p.add_argument("--real-max-length", type=_length, default=0, metavar="T",
+                   help="real cells only up to this T (0: no limit; the others fake only)")
     p.add_argument("--warmup", type=int, default=1,
                    help="untimed steps before the timed ones (after the untimed measuring step)")
     p.add_argument("--reps", type=int, default=3)
@@ -87,11 +89,13 @@ def parse_args(argv=None):
     p.add_argument("--json", metavar="PATH")
     p.add_argument("--table-from", metavar="PATH", help="only print the table of a JSON this script wrote")
     a = p.parse_args(argv)
-    for P in a.sizes:
+    for P in [] if a.gloo_only else a.sizes:
         if P < 1:
             p.error(f"--sizes: P must be >= 1, got {P}")
         if "ulysses" in a.modes and a.heads % P:
             p.error(f"--sizes {P} with --modes ulysses needs --heads ({a.heads}) divisible by P")
+    if (a.gloo or a.gloo_only) and a.modes[0] == "ulysses" and a.heads % 2:
+        p.error(f"--gloo with --modes ulysses needs --heads ({a.heads}) divisible by 2")
     if a.dtype == "bf16" and a.device != "cuda":
         p.error("--dtype bf16 needs --device cuda (the CPU runs float32)")
     if a.device == "cuda" and not torch.cuda.is_available():
@@ -132,7 +136,7 @@ def run_grid(a, out: dict) -> None:
          f"{time.perf_counter() - t0:.0f} s")
     out["config"] = {**cfg, "batch": a.batch, "device": a.device, "dtype": a.dtype, "attention": a.attention,
                      "attention_op": a.attention_op,
-                     "max_gib": a.max_gib, "warmup": a.warmup, "reps": a.reps, "threads": torch.get_num_threads(),
+                     "max_gib": a.max_gib, "real_max_length": a.real_max_length, "warmup": a.warmup, "reps": a.reps, "threads": torch.get_num_threads(),
                      "parameters": sum(p.numel() for p in params), "parameter_bytes": param_bytes,
                      "device_name": torch.cuda.get_device_name() if a.device == "cuda" else "cpu"}
     cells = out["cells"] = []
@@ -146,6 +150,12 @@ def run_grid(a, out: dict) -> None:
             fk = sp_cells.fake_cell(model, criterion, smp, group, P, mode)
         cell["fake"] = fk
         cell["attention"] = "sdpa" if a.attention == "sdpa" else "reference" if probe["reference"] else "kernel"
+        if mode == "allgather" and P > 1:
+            # causal keys are truncated at a rank's last row: the last rank keeps the most (fake only)
+            with sp_cells.attention_probe(a.attention_op == "kernel"):
+                last = sp_cells.fake_cell(model, criterion, smp, sp_cells.set_group(P, P - 1), P, mode)
+            cell["fake_last_rank"] = {"rank": P - 1, "saved_bytes": last["saved_bytes"], "sent": last["sent"]}
+            group = sp_cells.set_group(P)
         est = 2 * param_bytes + 1.5 * fk["saved_bytes"]
         cell["estimated_bytes"] = est
         where = f"[{i + 1}/{len(grid)}] {cell['mode']} P={P} T={T}"
@@ -153,8 +163,8 @@ def run_grid(a, out: dict) -> None:
         _log(f"{where}: fake saved {fk['saved_bytes'] / MIB:.1f} MiB, sent {fk['sent']['forward'] / MIB:.2f} MiB "
              f"per direction (formula {exp['total'] / MIB:.2f}: {'equal' if ok else 'DIFFERENT'}), "
              f"{fk['seconds']:.1f} s")
-        if a.fake_only:
-            cell["real"] = {"skipped": "--fake-only"}
+        if a.fake_only or (a.real_max_length and T > a.real_max_length):
+            cell["real"] = {"skipped": "--fake-only" if a.fake_only else "time (T > --real-max-length)"}
         elif est > a.max_gib * GIB:
             cell["real"] = {"skipped": f"memory (estimated {est / GIB:.1f} GiB > --max-gib {a.max_gib})"}
             _log(f"{where}: real skipped (memory: estimated {est / GIB:.1f} GiB)")
@@ -174,11 +184,19 @@ def _mib(n) -> str:
     return "" if n is None else f"{n / MIB:,.2f}"
 
 
+def _last(c: dict, base: dict) -> str:
+    last = c.get("fake_last_rank")
+    if last is None:
+        return "= rank 0" if c["P"] > 1 else ""
+    return f"{_mib(last['saved_bytes'])}, {last['saved_bytes'] / base[c['T']]:.3f}" if c["T"] in base else \
+        _mib(last["saved_bytes"])
+
+
 def table(res: dict) -> str:
     """The markdown table: one row per cell."""
     rows = ["| mode | P | T=S | saved for backward MiB: real (fake) | fake vs P=1 | sent per direction MiB (formula) | "
-            "CUDA peak MiB | fwd+bwd s (median) | measured | attention probs |",
-            "|---|---|---|---|---|---|---|---|---|---|"]
+            "CUDA peak MiB | fwd+bwd s (median) | measured | attention probs | last rank: saved MiB (fake), vs P=1 |",
+            "|---|---|---|---|---|---|---|---|---|---|---|"]
     base = {}
     for c in res["cells"]:
         real = c["real"]
@@ -194,12 +212,13 @@ def table(res: dict) -> str:
             time_s = f"{real['median_seconds']:.3f}"
             peak = _mib(real["cuda_peak_bytes"]) or "n/a (CPU)"
         else:
-            time_s = peak = "skipped (memory)" if real["skipped"].startswith("memory") else "not run"
+            time_s = peak = "skipped (memory)" if real["skipped"].startswith("memory") else \
+                "skipped (time)" if real["skipped"].startswith("time") else "not run"
         saved_s = f"{_mib(saved)} ({_mib(c['fake']['saved_bytes'])})" if measured == "real" else \
             f"({_mib(c['fake']['saved_bytes'])})"
         rows.append(f"| {c['mode']} | {c['P']} | {c['T']} | {saved_s} | "
                     f"{'' if ratio is None else f'{ratio:.3f}'} | {sent_s} | {peak} | {time_s} | {measured} | "
-                    f"{c.get('attention', '')} |")
+                    f"{c.get('attention', '')} | {_last(c, base)} |")
     return "\n".join(rows)
 
 
@@ -223,7 +242,7 @@ def main(argv=None) -> dict:
     if "cells" in out:
         print(table(out))
         print(f"\nsaved / sent: fake tensors for every cell, real ones where 'measured' says real; 'vs P=1': fake "
-              f"saved bytes over P=1's. Time: median of {a.reps} forward+backward steps after {a.warmup} warm-up "
+              f"saved bytes over P=1's; 'last rank': allgather's rank P-1 (its causal keys are all T), the others' ranks keep equal shares. Time: median of {a.reps} forward+backward steps after {a.warmup} warm-up "
               f"({out['config']['threads']} threads, {out['config']['device_name']}, {a.dtype}, attention "
               f"{a.attention}, --attention-op {a.attention_op}). 'attention probs': the softmax-dropout that ran (kernel: "
               f"the compiled op; reference: its pure-PyTorch version, which sharded calls take while the kernels "

@@ -146,22 +146,22 @@ def attention_probe(kernel_without_coords: bool = False):
         reference.attention_softmax_dropout, op.attention_coords = ref, coords
 
 
-def set_group(P: int):
-    """This process as rank 0 of a fake world of P ranks; returns the group (None for P = 1)."""
+def set_group(P: int, rank: int = 0):
+    """This process as `rank` of a fake world of P ranks; returns the group (None for P = 1)."""
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     if dist.is_initialized():
         dist.destroy_process_group()
     if P == 1:
         return None
-    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=P)
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=P)
     return dist.group.WORLD
 
 
 def _shard(model, group, P: int, mode: str) -> None:
     from fairseq_lightseq.sequence_parallel.sharding import SequenceParallel
 
-    sp = SequenceParallel(group, P, 0, mode) if P > 1 else None
+    sp = SequenceParallel(group, P, dist.get_rank(group), mode) if P > 1 else None
     model.encoder.sequence_parallel = model.decoder.sequence_parallel = sp
 
 

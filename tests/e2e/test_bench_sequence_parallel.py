@@ -66,7 +66,7 @@ def test_grid_counts_volumes_and_saved_bytes(tmp_path):
 
 
 def test_memory_budget_skips_real_cells(tmp_path):
-    res, table = bench(tmp_path, "--lengths", "64", "--sizes", "1", "2", "--modes", "allgather", "--max-gib", "0.001")
+    res, table = bench(tmp_path, "--lengths", "16", "--sizes", "1", "2", "--modes", "allgather", "--max-gib", "1e-5")
     assert [c["real"]["skipped"][:6] for c in res["cells"]] == ["memory"] * 2
     assert table.count("skipped (memory)") == 4  # two columns per row
     assert all(c["fake"]["sent"]["forward"] == c["expected_sent"]["total"] for c in res["cells"])
