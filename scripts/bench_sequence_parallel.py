@@ -139,6 +139,7 @@ def run_grid(a, out: dict) -> None:
                      "max_gib": a.max_gib, "real_max_length": a.real_max_length, "warmup": a.warmup, "reps": a.reps, "threads": torch.get_num_threads(),
                      "parameters": sum(p.numel() for p in params), "parameter_bytes": param_bytes,
                      "device_name": torch.cuda.get_device_name() if a.device == "cuda" else "cpu"}
+    sdpa = multihead_attention.use_sdpa(torch.empty(0, device=a.device))  # CUDA: torch's fused attention
     cells = out["cells"] = []
     grid = [(T, P, m) for T in a.lengths for P in a.sizes for m in a.modes if not (P == 1 and m != a.modes[0])]
     for i, (T, P, mode) in enumerate(grid):
@@ -149,7 +150,7 @@ def run_grid(a, out: dict) -> None:
         with sp_cells.attention_probe(a.attention_op == "kernel") as probe:
             fk = sp_cells.fake_cell(model, criterion, smp, group, P, mode)
         cell["fake"] = fk
-        cell["attention"] = "sdpa" if a.attention == "sdpa" else "reference" if probe["reference"] else "kernel"
+        cell["attention"] = "sdpa" if sdpa else "reference" if probe["reference"] else "kernel"
         if mode == "allgather" and P > 1:
             # causal keys are truncated at a rank's last row: the last rank keeps the most (fake only)
             with sp_cells.attention_probe(a.attention_op == "kernel"):
@@ -237,7 +238,8 @@ def main(argv=None) -> dict:
 
         cfg = {"embed_dim": a.gloo_embed_dim, "ffn_dim": 4 * a.gloo_embed_dim, "heads": a.heads,
                "layers": a.gloo_layers, "vocab": a.vocab, "dropout": a.dropout}
-        out["gloo"] = sp_gloo.run(cfg, a.modes[0], a.batch, a.gloo_length, 1, a.gloo_steps, 1, log=_log)
+        out["gloo"] = sp_gloo.run(cfg, a.modes[0], a.batch, a.gloo_length, 1, a.gloo_steps, 1,
+                                  a.attention_op == "kernel", log=_log)
     _save(a.json, out)
     if "cells" in out:
         print(table(out))
@@ -250,8 +252,9 @@ def main(argv=None) -> dict:
     if "gloo" in out:
         g = out["gloo"]
         print(f"\ngloo on this CPU, {g['mode']}, B={g['B']} T={g['T']}: P=1 {g['p1_tokens_per_s']:.0f} tokens/s, "
-              f"P=2 {g['p2_tokens_per_s']:.0f} tokens/s, ratio {g['ratio_p2_over_p1']:.2f} (one machine's cores "
-              f"shared by both ranks: a run, not a speed-up)")
+              f"P=2 {g['p2_tokens_per_s']:.0f} tokens/s, ratio {g['ratio_p2_over_p1']:.2f} (P=2's attention "
+              f"probabilities: {g['p2_attention_probs']}; one machine's cores shared by both ranks: a run, not a "
+              f"speed-up)")
     return out
 
 
