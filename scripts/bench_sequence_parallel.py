@@ -135,8 +135,8 @@ def run_grid(a, out: dict) -> None:
     _log(f"model built: {sum(p.numel() for p in params) / 1e6:.1f}M parameters ({param_bytes / GIB:.2f} GiB), "
          f"{time.perf_counter() - t0:.0f} s")
     out["config"] = {**cfg, "batch": a.batch, "device": a.device, "dtype": a.dtype, "attention": a.attention,
-                     "attention_op": a.attention_op,
-                     "max_gib": a.max_gib, "real_max_length": a.real_max_length, "warmup": a.warmup, "reps": a.reps, "threads": torch.get_num_threads(),
+                     "attention_op": a.attention_op, "max_gib": a.max_gib, "real_max_length": a.real_max_length,
+                     "warmup": a.warmup, "reps": a.reps, "threads": torch.get_num_threads(),
                      "parameters": sum(p.numel() for p in params), "parameter_bytes": param_bytes,
                      "device_name": torch.cuda.get_device_name() if a.device == "cuda" else "cpu"}
     sdpa = multihead_attention.use_sdpa(torch.empty(0, device=a.device))  # CUDA: torch's fused attention
@@ -227,8 +227,9 @@ def main(argv=None) -> dict:
     a = parse_args(argv)
     if a.table_from:
         with open(a.table_from) as f:
-            print(table(json.load(f)))
-        return {}
+            res = json.load(f)
+        print(table(res) if res.get("cells") else "no cells in " + a.table_from)
+        return res
     out = {"command": " ".join(["python", "scripts/bench_sequence_parallel.py"] + list(sys.argv[1:] if argv is None
                                                                                    else argv))}
     if not a.gloo_only:
@@ -244,11 +245,13 @@ def main(argv=None) -> dict:
     if "cells" in out:
         print(table(out))
         print(f"\nsaved / sent: fake tensors for every cell, real ones where 'measured' says real; 'vs P=1': fake "
-              f"saved bytes over P=1's; 'last rank': allgather's rank P-1 (its causal keys are all T), the others' ranks keep equal shares. Time: median of {a.reps} forward+backward steps after {a.warmup} warm-up "
-              f"({out['config']['threads']} threads, {out['config']['device_name']}, {a.dtype}, attention "
-              f"{a.attention}, --attention-op {a.attention_op}). 'attention probs': the softmax-dropout that ran (kernel: "
-              f"the compiled op; reference: its pure-PyTorch version, which sharded calls take while the kernels "
-              f"lack coordinates; sdpa: torch's fused attention). Sent: bytes rank 0 sends per direction (forward = backward).")
+              f"saved bytes over P=1's; 'last rank': allgather's rank P-1 (its causal keys are all T; the other "
+              f"modes' ranks keep equal shares). Sent: bytes rank 0 sends per direction (forward = backward). "
+              f"Time: median of {a.reps} forward+backward steps after the untimed measuring step and {a.warmup} "
+              f"warm-up step(s) ({out['config']['threads']} threads, {out['config']['device_name']}, {a.dtype}, "
+              f"attention {a.attention}, --attention-op {a.attention_op}). 'attention probs': the softmax-dropout "
+              f"that ran (kernel: the compiled op; reference: its pure-PyTorch version, which sharded calls take "
+              f"while the kernels lack coordinates; sdpa: torch's fused attention).")
     if "gloo" in out:
         g = out["gloo"]
         print(f"\ngloo on this CPU, {g['mode']}, B={g['B']} T={g['T']}: P=1 {g['p1_tokens_per_s']:.0f} tokens/s, "

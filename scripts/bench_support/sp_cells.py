@@ -236,6 +236,6 @@ def real_cell(model, criterion, smp, group, P: int, mode: str, warmup: int, reps
             times.append(time.perf_counter() - t0)
         del loss
     model.zero_grad(set_to_none=True)
-    return {"saved_bytes": sb.bytes, "saved_storages": sb.tensors, "sent": sent, "cuda_peak_bytes": peak, "cuda_static_bytes": static,
-            "largest": sb.groups(6), "step_seconds": times,
+    return {"saved_bytes": sb.bytes, "saved_storages": sb.tensors, "sent": sent, "cuda_peak_bytes": peak,
+            "cuda_static_bytes": static, "largest": sb.groups(6), "step_seconds": times,
             "median_seconds": statistics.median(times) if times else None}

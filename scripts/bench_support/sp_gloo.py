@@ -84,7 +84,8 @@ def run(cfg: dict, mode: str, B: int, T: int, warmup: int, steps: int, threads: 
     task, model, criterion = build(cfg, T + 8)
     t1 = _steps(model, criterion, sample(task, B, T, "cpu"), warmup, steps, False)
     m1, m2 = statistics.median(t1), statistics.median(t2)
-    res = {"mode": mode, "B": B, "T": T, "warmup": warmup, "steps": steps, "threads_per_rank": threads, "p2_attention_probs": attention,
+    res = {"mode": mode, "B": B, "T": T, "warmup": warmup, "steps": steps, "threads_per_rank": threads,
+           "p2_attention_probs": attention,
            "p1_step_seconds": t1, "p2_step_seconds": t2, "p1_tokens_per_s": B * T / m1, "p2_tokens_per_s": B * T / m2,
            "ratio_p2_over_p1": m1 / m2}
     log(f"gloo: P=1 {res['p1_tokens_per_s']:.0f} tok/s, P=2 {res['p2_tokens_per_s']:.0f} tok/s, "
