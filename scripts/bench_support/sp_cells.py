@@ -1,0 +1,241 @@
+"""One cell of scripts/bench_sequence_parallel.py: rank 0 of a sequence-parallel group of P ranks,
+run in this process over torch's fake process group (collectives allocate their outputs and send
+nothing; collectives.py still counts the bytes a real group would send).
+
+- `build(cfg)`: ls_transformer (fairseq's build_model, a small Dictionary) and the
+  ls_label_smoothed_cross_entropy criterion, all dropouts as given;
+- `sample(...)`: B full-length sentences of S = T random tokens;
+- `expected_bytes(...)`: the bytes one rank sends per direction (forward = backward), from the issue's
+  per-layer volumes;
+- `fake_cell(...)`: saved bytes and bytes sent under torch's FakeTensorMode (shapes only: no memory,
+  no compute), `real_cell(...)`: the same measured on real tensors, plus CUDA peak memory and
+  forward+backward time.
+"""
+import argparse
+import contextlib
+import statistics
+import time
+from fractions import Fraction
+
+import torch
+import torch.distributed as dist
+
+from bench_support.saved_bytes import SavedBytes
+
+
+class _Task:
+    def __init__(self, dictionary):
+        self.source_dictionary = self.target_dictionary = dictionary
+
+
+def build(cfg: dict, max_positions: int):
+    """(task, model, criterion): ls_transformer with cfg's widths (embed_dim, ffn_dim, heads, layers for
+    both encoder and decoder, vocab symbols, dropout for all three sites), float32 on the CPU, train mode."""
+    import fairseq_lightseq  # noqa: F401  (registers the model and criterion)
+    from fairseq.data import Dictionary
+    from fairseq_lightseq.criterions.ls_label_smoothed_cross_entropy import LsLabelSmoothedCrossEntropyCriterion
+    from fairseq_lightseq.models.ls_transformer import LSTransformerModel
+
+    d = Dictionary()
+    for i in range(cfg["vocab"]):
+        d.add_symbol(f"w{i}")
+    task = _Task(d)
+    E, F, H, L, p = cfg["embed_dim"], cfg["ffn_dim"], cfg["heads"], cfg["layers"], cfg["dropout"]
+    args = argparse.Namespace(
+        encoder_embed_dim=E, encoder_ffn_embed_dim=F, encoder_attention_heads=H, encoder_layers=L,
+        decoder_embed_dim=E, decoder_ffn_embed_dim=F, decoder_attention_heads=H, decoder_layers=L,
+        dropout=p, attention_dropout=p, activation_dropout=p,
+        max_source_positions=max_positions, max_target_positions=max_positions)
+    torch.manual_seed(0)
+    model = LSTransformerModel.build_model(args, task)
+    criterion = LsLabelSmoothedCrossEntropyCriterion(task, False, 0.1)
+    model.train()
+    criterion.train()
+    return task, model, criterion
+
+
+def sample(task, B: int, T: int, device, seed: int = 1) -> dict:
+    """B sentences, S = T tokens each (no padding): src [B, T], prev_output_tokens [B, T] (eos first),
+    target [B, T], int64 on `device`."""
+    g = torch.Generator().manual_seed(seed)
+    d = task.target_dictionary
+    src = torch.randint(d.nspecial, len(d), (B, T), generator=g)
+    prev = torch.randint(d.nspecial, len(d), (B, T), generator=g)
+    prev[:, 0] = d.eos()
+    target = torch.cat([prev[:, 1:], torch.full((B, 1), d.eos())], 1)
+    return {"net_input": {"src_tokens": src.to(device), "src_lengths": torch.full((B,), T).to(device),
+                          "prev_output_tokens": prev.to(device)},
+            "target": target.to(device), "ntokens": B * T}
+
+
+def expected_bytes(mode: str, P: int, S: int, T: int, B: int, E: int, enc_layers: int, dec_layers: int,
+                   elem: int) -> dict:
+    """Bytes rank 0 sends in one forward (the backward sends the same), by the issue's volumes, with
+    Ns = S_pad * B and Nt = T_pad * B rows (S, T padded up to multiples of P) and width E:
+
+        ulysses    per encoder layer 4 Ns E (P-1)/P^2 (self-attention: packed q/k/v, then the output);
+                   per decoder layer 4 Nt E (P-1)/P^2 (self) + 2 Nt E (P-1)/P^2 (cross: queries, output)
+        allgather  per encoder layer 2 Ns E (P-1)/P (keys and values); per decoder layer 2 Nt E (P-1)/P
+                   (self; cross-attention sends nothing)
+        both       once per forward: the encoder output's gather, Ns E (P-1)/P
+
+    times the element size. Returns {"self_attention", "cross_attention", "encoder_output", "total"}."""
+    if P == 1:
+        return {"self_attention": 0, "cross_attention": 0, "encoder_output": 0, "total": 0}
+    Ns, Nt = -(-S // P) * P * B, -(-T // P) * P * B
+    f = Fraction(P - 1, P)
+    if mode == "ulysses":
+        self_attn = 4 * E * f / P * (enc_layers * Ns + dec_layers * Nt)
+        cross = 2 * E * f / P * dec_layers * Nt
+    else:
+        self_attn = 2 * E * f * (enc_layers * Ns + dec_layers * Nt)
+        cross = Fraction(0)
+    gather = Ns * E * f
+    parts = {"self_attention": self_attn * elem, "cross_attention": cross * elem, "encoder_output": gather * elem}
+    assert all(v.denominator == 1 for v in parts.values()), parts
+    parts = {k: int(v) for k, v in parts.items()}
+    parts["total"] = sum(parts.values())
+    return parts
+
+
+class _StorageBytes(SavedBytes):
+    """SavedBytes that also works under FakeTensorMode: a storage is keyed by the identity of the
+    storage of its tensor's view base (fake tensors have no data pointer, and a fake view of a real
+    parameter gets a storage of its own), so parameters and their views are left out either way."""
+
+    def __init__(self, params, fake_mode=None):
+        super().__init__(())
+        self._skip = {p.untyped_storage()._cdata for p in params}
+        if fake_mode is not None:  # the fake copies the mode makes of the parameters (memoised), held
+            # here: a freed one's storage address could come back as an activation's and hide it
+            self._fake_params = [fake_mode.from_tensor(p) for p in params]
+            self._skip |= {p.untyped_storage()._cdata for p in self._fake_params}
+
+    def _add(self, t) -> int:
+        root = t._base if t._base is not None else t
+        st = root.untyped_storage()
+        key = st._cdata
+        if st.nbytes() == 0 or key in self._skip or key in self._seen:
+            return 0
+        self._seen[key] = (st.nbytes(), tuple(t.shape), str(t.dtype).replace("torch.", ""))
+        return st.nbytes()
+
+
+@contextlib.contextmanager
+def attention_probe(kernel_without_coords: bool = False):
+    """Counts the calls of the attention-probability op's pure-PyTorch reference (ops.attention falls
+    back to it when a call has coordinates the compiled kernels do not take yet) and yields a dict
+    {"reference": n}. kernel_without_coords: drop the coordinates so the compiled kernel runs; its
+    memory and time are then the kernel's, its dropout masks not the single-process ones (never for
+    training; for measuring only)."""
+    from fairseq_lightseq.ops import attention as op, reference
+
+    counts = {"reference": 0}
+    ref, coords = reference.attention_softmax_dropout, op.attention_coords
+
+    def counted(*args, **kwargs):
+        counts["reference"] += 1
+        return ref(*args, **kwargs)
+
+    reference.attention_softmax_dropout = counted
+    if kernel_without_coords:
+        op.attention_coords = lambda c, shape: []
+    try:
+        yield counts
+    finally:
+        reference.attention_softmax_dropout, op.attention_coords = ref, coords
+
+
+def set_group(P: int, rank: int = 0):
+    """This process as `rank` of a fake world of P ranks; returns the group (None for P = 1)."""
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    if P == 1:
+        return None
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=P)
+    return dist.group.WORLD
+
+
+def _shard(model, group, P: int, mode: str) -> None:
+    from fairseq_lightseq.sequence_parallel.sharding import SequenceParallel
+
+    sp = SequenceParallel(group, P, dist.get_rank(group), mode) if P > 1 else None
+    model.encoder.sequence_parallel = model.decoder.sequence_parallel = sp
+
+
+def _sent():
+    from fairseq_lightseq.sequence_parallel.collectives import bytes_sent
+
+    return {"forward": bytes_sent("forward"), "backward": bytes_sent("backward")}
+
+
+def fake_cell(model, criterion, smp, group, P: int, mode: str) -> dict:
+    """Saved bytes and bytes sent of one training forward + backward under FakeTensorMode (the
+    parameters stay real; activations are shapes only). The loss is criterion.compute_loss (its
+    forward's token counts would read values); the dropout seed is a constant (it reads one too)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from fairseq_lightseq.ops import _backend
+    from fairseq_lightseq.sequence_parallel.collectives import reset_bytes
+
+    _shard(model, group, P, mode)
+    fake = FakeTensorMode(allow_non_fake_inputs=True)
+    next_seed = _backend.next_seed
+    _backend.next_seed = lambda: 12345
+    t0 = time.perf_counter()
+    try:
+        reset_bytes()
+        with fake:
+            with _StorageBytes(list(model.parameters()), fake) as sb:
+                net_output = model(**smp["net_input"])
+                loss, _ = criterion.compute_loss(model, net_output, smp)
+            sb.finish(loss)
+            loss.backward()
+    finally:
+        _backend.next_seed = next_seed
+        model.zero_grad(set_to_none=True)
+    return {"saved_bytes": sb.bytes, "saved_storages": sb.tensors, "sent": _sent(), "largest": sb.groups(6),
+            "seconds": time.perf_counter() - t0}
+
+
+def real_cell(model, criterion, smp, group, P: int, mode: str, warmup: int, reps: int) -> dict:
+    """One forward + backward through the criterion measured (saved bytes, bytes sent, CUDA peak),
+    then `warmup` untimed and `reps` timed forward+backward steps (median seconds)."""
+    from fairseq_lightseq.sequence_parallel.collectives import reset_bytes
+
+    cuda = smp["target"].is_cuda
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    _shard(model, group, P, mode)
+    model.zero_grad(set_to_none=True)
+    static = None
+    if cuda:
+        sync()
+        static = torch.cuda.memory_allocated()  # parameters and the sample, before the step
+        torch.cuda.reset_peak_memory_stats()
+    reset_bytes()
+    torch.manual_seed(2)
+    with _StorageBytes(list(model.parameters())) as sb:
+        loss, _, _ = criterion(model, smp)
+    sb.finish(loss)
+    loss.backward()
+    sync()
+    peak = torch.cuda.max_memory_allocated() if cuda else None
+    sent = _sent()
+    del loss
+    times = []
+    for k in range(warmup + reps):
+        model.zero_grad(set_to_none=True)
+        sync()
+        t0 = time.perf_counter()
+        loss, _, _ = criterion(model, smp)
+        loss.backward()
+        sync()
+        if k >= warmup:
+            times.append(time.perf_counter() - t0)
+        del loss
+    model.zero_grad(set_to_none=True)
+    return {"saved_bytes": sb.bytes, "saved_storages": sb.tensors, "sent": sent, "cuda_peak_bytes": peak,
+            "cuda_static_bytes": static, "largest": sb.groups(6), "step_seconds": times,
+            "median_seconds": statistics.median(times) if times else None}

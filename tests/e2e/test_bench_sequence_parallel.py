@@ -1,0 +1,85 @@
+"""scripts/bench_sequence_parallel.py run tiny through its command line (1 layer, width 32, 4 heads;
+T = S in {16, 33}, P in {1, 2, 4}, both modes): the JSON has every cell; the bytes rank 0 sends per
+direction equal the issue's volumes for the whole model (recomputed here from the per-layer table);
+a rank of P = 2 and 4 keeps fewer bytes for backward than one process; the fake-tensor count agrees
+with the real one; --gloo runs 2 real processes. Times are not judged (a shared CPU). Marked `e2e`."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from support import ROOT
+
+pytestmark = pytest.mark.e2e
+
+SCRIPT = os.path.join(ROOT, "scripts", "bench_sequence_parallel.py")
+TINY = ["--embed-dim", "32", "--ffn-dim", "64", "--heads", "4", "--layers", "1", "--vocab", "50", "--threads", "1"]
+E, L, B, FP32 = 32, 1, 1, 4
+
+
+def bench(tmp_path, *args, check=True):
+    out = tmp_path / "sp.json"
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+    r = subprocess.run([sys.executable, SCRIPT, *TINY, "--json", str(out), *args], capture_output=True, text=True,
+                       timeout=300, env=env)
+    if not check:
+        return r
+    assert r.returncode == 0, f"bench_sequence_parallel.py failed:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
+    return json.loads(out.read_text()), r.stdout
+
+
+def volume(mode, P, T):
+    """Bytes one rank sends per direction, float32. Per layer (N = T_pad * B rows): ulysses
+    self-attention 4NE(P-1)/P^2, its cross-attention 2NE(P-1)/P^2 (queries out, output back);
+    allgather self-attention 2NE(P-1)/P, cross-attention nothing; plus, once, the encoder output's
+    all-gather NE(P-1)/P (its backward: the reduce-scatter of as many bytes)."""
+    N = -(-T // P) * P * B
+    if mode == "ulysses":
+        per_layer = (4 * N * E * (P - 1) + 4 * N * E * (P - 1) + 2 * N * E * (P - 1)) / P ** 2
+    else:
+        per_layer = (2 * N * E * (P - 1) + 2 * N * E * (P - 1)) / P
+    return FP32 * (L * per_layer + N * E * (P - 1) / P)
+
+
+def test_grid_counts_volumes_and_saved_bytes(tmp_path):
+    res, table = bench(tmp_path, "--lengths", "16", "33", "--sizes", "1", "2", "4", "--warmup", "0", "--reps", "1")
+    cells = {(c["mode"], c["P"], c["T"]): c for c in res["cells"]}
+    expected = {("none", 1, T) for T in (16, 33)} | {(m, P, T) for m in ("ulysses", "allgather") for P in (2, 4)
+                                                       for T in (16, 33)}
+    assert set(cells) == expected
+    for (mode, P, T), c in cells.items():
+        want = 0 if P == 1 else volume(mode, P, T)
+        for kind in ("fake", "real"):
+            sent = c[kind]["sent"]
+            assert sent["forward"] == sent["backward"] == want == c["expected_sent"]["total"], (mode, P, T, kind, sent)
+        # the fake-tensor count (what the cells too large to run use) is the real one
+        assert c["fake"]["saved_bytes"] == c["real"]["saved_bytes"], (mode, P, T, c["fake"], c["real"])
+        assert c["real"]["median_seconds"] > 0 and c["real"]["cuda_peak_bytes"] is None
+    for mode in ("ulysses", "allgather"):
+        one = cells[("none", 1, 33)]["real"]["saved_bytes"]
+        two, four = (cells[(mode, P, 33)]["real"]["saved_bytes"] for P in (2, 4))
+        # T = 33 is attention-heavy at width 32 ([B, H, T, T] probabilities): ~1/P of it per rank
+        assert four < two < 0.9 * one and four < 0.6 * one, (mode, one, two, four)
+    assert table.count("| real |") == len(expected) and "DIFFERENT" not in table
+
+
+def test_memory_budget_skips_real_cells(tmp_path):
+    res, table = bench(tmp_path, "--lengths", "16", "--sizes", "1", "2", "--modes", "allgather", "--max-gib", "1e-5")
+    assert [c["real"]["skipped"][:6] for c in res["cells"]] == ["memory"] * 2
+    assert table.count("skipped (memory)") == 4  # two columns per row
+    assert all(c["fake"]["sent"]["forward"] == c["expected_sent"]["total"] for c in res["cells"])
+
+
+def test_gloo_two_processes(tmp_path):
+    res, out = bench(tmp_path, "--gloo-only", "--gloo-length", "32", "--gloo-embed-dim", "32", "--gloo-layers", "1",
+                     "--gloo-steps", "2")
+    g = res["gloo"]
+    assert len(g["p1_step_seconds"]) == len(g["p2_step_seconds"]) == 2
+    assert g["p1_tokens_per_s"] > 0 and g["p2_tokens_per_s"] > 0 and "ratio" in out
+
+
+def test_refuses_heads_not_divisible():
+    r = subprocess.run([sys.executable, SCRIPT, *TINY, "--sizes", "3"], capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0 and "--heads (4) divisible by P" in r.stderr
