@@ -25,9 +25,7 @@ fairseq_lightseq.sequence_parallel.collectives, checked against the volumes of t
 
 --attention sdpa runs torch's fused attention on the CPU too (SDPA_MODE = "always": nothing T x T
 kept for backward; the dropout then draws from torch's generator). With the explicit attention, a
-sharded call passes coordinates to the softmax-dropout op, which sends it to its pure-PyTorch
-reference until the compiled kernels take coordinates (the table says which ran);
---attention-op kernel drops the coordinates to measure the kernel's memory and time instead.
+sharded call passes its coordinates to the compiled softmax-dropout op (the single-process masks).
 """
 import argparse
 import json
@@ -67,11 +65,6 @@ def parse_args(argv=None):
     p.add_argument("--attention", choices=["explicit", "sdpa"], default="explicit",
                    help="explicit: bmm + the fused softmax-dropout op on CPU (keeps [B, H, Tq, Tk]); sdpa: torch's "
                         "fused attention on every device (the default on CUDA whatever this says)")
-    p.add_argument("--attention-op", choices=["as-is", "kernel"], default="as-is",
-                   help="as-is: what the code runs (a sharded call has coordinates, which send the explicit "
-                        "attention's softmax-dropout to its pure-PyTorch reference until the kernels take them); "
-                        "kernel: drop the coordinates so the compiled kernel runs (its memory and time; not the "
-                        "single-process dropout masks)")
     p.add_argument("--max-gib", type=float, default=8.0, help="memory budget of a real cell (estimated)")
     p.add_argument("--fake-only", action="store_true", help="no real cells")
     p.add_argument("--real-max-length", type=_length, default=0, metavar="T",
@@ -118,6 +111,7 @@ def run_grid(a, out: dict) -> None:
     keeps what it measured)."""
     from bench_support import sp_cells
     from fairseq_lightseq.modules import multihead_attention
+    from fairseq_lightseq import ops
 
     if a.threads:
         torch.set_num_threads(a.threads)
@@ -135,11 +129,12 @@ def run_grid(a, out: dict) -> None:
     _log(f"model built: {sum(p.numel() for p in params) / 1e6:.1f}M parameters ({param_bytes / GIB:.2f} GiB), "
          f"{time.perf_counter() - t0:.0f} s")
     out["config"] = {**cfg, "batch": a.batch, "device": a.device, "dtype": a.dtype, "attention": a.attention,
-                     "attention_op": a.attention_op, "max_gib": a.max_gib, "real_max_length": a.real_max_length,
+                     "max_gib": a.max_gib, "real_max_length": a.real_max_length,
                      "warmup": a.warmup, "reps": a.reps, "threads": torch.get_num_threads(),
                      "parameters": sum(p.numel() for p in params), "parameter_bytes": param_bytes,
                      "device_name": torch.cuda.get_device_name() if a.device == "cuda" else "cpu"}
     sdpa = multihead_attention.use_sdpa(torch.empty(0, device=a.device))  # CUDA: torch's fused attention
+    attention = "sdpa" if sdpa else "kernel" if ops.has_kernel("attention_softmax_fwd", a.device) else "reference"
     cells = out["cells"] = []
     grid = [(T, P, m) for T in a.lengths for P in a.sizes for m in a.modes if not (P == 1 and m != a.modes[0])]
     for i, (T, P, mode) in enumerate(grid):
@@ -147,14 +142,12 @@ def run_grid(a, out: dict) -> None:
         smp = sp_cells.sample(task, a.batch, T, a.device)
         exp = sp_cells.expected_bytes(mode, P, T, T, a.batch, a.embed_dim, a.layers, a.layers, elem)
         cell = {"mode": mode if P > 1 else "none", "P": P, "T": T, "S": T, "B": a.batch, "expected_sent": exp}
-        with sp_cells.attention_probe(a.attention_op == "kernel") as probe:
-            fk = sp_cells.fake_cell(model, criterion, smp, group, P, mode)
+        fk = sp_cells.fake_cell(model, criterion, smp, group, P, mode)
         cell["fake"] = fk
-        cell["attention"] = "sdpa" if sdpa else "reference" if probe["reference"] else "kernel"
+        cell["attention"] = attention
         if mode == "allgather" and P > 1:
             # causal keys are truncated at a rank's last row: the last rank keeps the most (fake only)
-            with sp_cells.attention_probe(a.attention_op == "kernel"):
-                last = sp_cells.fake_cell(model, criterion, smp, sp_cells.set_group(P, P - 1), P, mode)
+            last = sp_cells.fake_cell(model, criterion, smp, sp_cells.set_group(P, P - 1), P, mode)
             cell["fake_last_rank"] = {"rank": P - 1, "saved_bytes": last["saved_bytes"], "sent": last["sent"]}
             group = sp_cells.set_group(P)
         est = 2 * param_bytes + 1.5 * fk["saved_bytes"]
@@ -171,8 +164,7 @@ def run_grid(a, out: dict) -> None:
             _log(f"{where}: real skipped (memory: estimated {est / GIB:.1f} GiB)")
         else:
             t1 = time.perf_counter()
-            with sp_cells.attention_probe(a.attention_op == "kernel"):
-                r = sp_cells.real_cell(model, criterion, smp, group, P, mode, a.warmup, a.reps)
+            r = sp_cells.real_cell(model, criterion, smp, group, P, mode, a.warmup, a.reps)
             cell["real"] = r
             _log(f"{where}: real saved {r['saved_bytes'] / MIB:.1f} MiB, fwd+bwd median {r['median_seconds']:.3f} s "
                  f"({time.perf_counter() - t1:.0f} s)")
@@ -239,8 +231,7 @@ def main(argv=None) -> dict:
 
         cfg = {"embed_dim": a.gloo_embed_dim, "ffn_dim": 4 * a.gloo_embed_dim, "heads": a.heads,
                "layers": a.gloo_layers, "vocab": a.vocab, "dropout": a.dropout}
-        out["gloo"] = sp_gloo.run(cfg, a.modes[0], a.batch, a.gloo_length, 1, a.gloo_steps, 1,
-                                  a.attention_op == "kernel", log=_log)
+        out["gloo"] = sp_gloo.run(cfg, a.modes[0], a.batch, a.gloo_length, 1, a.gloo_steps, 1, log=_log)
     _save(a.json, out)
     if "cells" in out:
         print(table(out))
@@ -249,14 +240,13 @@ def main(argv=None) -> dict:
               f"modes' ranks keep equal shares). Sent: bytes rank 0 sends per direction (forward = backward). "
               f"Time: median of {a.reps} forward+backward steps after the untimed measuring step and {a.warmup} "
               f"warm-up step(s) ({out['config']['threads']} threads, {out['config']['device_name']}, {a.dtype}, "
-              f"attention {a.attention}, --attention-op {a.attention_op}). 'attention probs': the softmax-dropout "
-              f"that ran (kernel: the compiled op; reference: its pure-PyTorch version, which sharded calls take "
-              f"while the kernels lack coordinates; sdpa: torch's fused attention).")
+              f"attention {a.attention}). 'attention probs': the softmax-dropout that ran (kernel: the compiled "
+              f"op, with the shard's coordinates; reference: its pure-PyTorch version, without a compiled library; "
+              f"sdpa: torch's fused attention).")
     if "gloo" in out:
         g = out["gloo"]
         print(f"\ngloo on this CPU, {g['mode']}, B={g['B']} T={g['T']}: P=1 {g['p1_tokens_per_s']:.0f} tokens/s, "
-              f"P=2 {g['p2_tokens_per_s']:.0f} tokens/s, ratio {g['ratio_p2_over_p1']:.2f} (P=2's attention "
-              f"probabilities: {g['p2_attention_probs']}; one machine's cores shared by both ranks: a run, not a "
+              f"P=2 {g['p2_tokens_per_s']:.0f} tokens/s, ratio {g['ratio_p2_over_p1']:.2f} (one machine's cores shared by both ranks: a run, not a "
               f"speed-up)")
     return out
 

@@ -56,18 +56,16 @@ def _ulysses(attn, x, memory, key_padding_mask, causal, dropout, shard: Shard, k
     h0 = shard.rank * Hl
     mine = slice(h0 * hd, (h0 + Hl) * hd)  # this rank's heads in a projection's output features
     if memory is None:
-        w = torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight])
         b = torch.cat([attn.q_proj.bias[mine], attn.k_proj.bias[mine], attn.v_proj.bias[mine]])
         # [Tl, B, 3, H, hd] -> [T_pad, B, 3, H/P, hd]: one exchange for q, k and v together
-        qkv = all_to_all(F.linear(x, w).view(Tl, B, 3, H, hd), 3, 0, shard.group)
+        qkv = all_to_all(_project(x, attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight).view(Tl, B, 3, H, hd),
+                         3, 0, shard.group)
         q, k, v = ops.qkv_bias_split(qkv.reshape(shard.padded, B, 3 * Hl * hd), b, Hl)  # [B*Hl, T_pad, hd]
     else:
         qh = all_to_all(F.linear(x, attn.q_proj.weight, attn.q_proj.bias).view(Tl, B, H, hd), 2, 0, shard.group)
         q = _heads(qh.reshape(shard.padded, B, Hl * hd), Hl)
-        wkv = torch.cat([attn.k_proj.weight[mine], attn.v_proj.weight[mine]])
-        bkv = torch.cat([attn.k_proj.bias[mine], attn.v_proj.bias[mine]])
-        k, v = F.linear(memory, wkv, bkv).chunk(2, dim=-1)
-        k, v = _heads(k, Hl), _heads(v, Hl)
+        k = _heads(F.linear(memory, attn.k_proj.weight[mine], attn.k_proj.bias[mine]), Hl)
+        v = _heads(F.linear(memory, attn.v_proj.weight[mine], attn.v_proj.bias[mine]), Hl)
     coords = ops.AttentionCoords(H, h0, shard.total, 0, k_total, 0)
     out = _attend(attn, q, k, v, key_padding_mask, causal, dropout, coords, B)  # [T_pad, B, Hl*hd]
     # [T_pad, B, H/P, hd] -> [Tl, B, H, hd]: every rank's heads for this rank's rows
@@ -79,9 +77,9 @@ def _allgather(attn, x, memory, key_padding_mask, causal, dropout, shard: Shard,
     Tl, B, E = x.shape
     H = attn.num_heads
     if memory is None:
-        w = torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight])
         b = torch.cat([attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias])
-        q, k, v = ops.qkv_bias_split(F.linear(x, w), b, H)  # [B*H, Tl, hd]
+        qkv = _project(x, attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight)
+        q, k, v = ops.qkv_bias_split(qkv, b, H)  # [B*H, Tl, hd]
         kv = all_gather(torch.stack([k, v]), 2, shard.group)  # [2, B*H, T_pad, hd]
         # keys after this rank's last row never reach its queries under the causal mask
         keys = shard.stop if causal else shard.padded
@@ -89,12 +87,18 @@ def _allgather(attn, x, memory, key_padding_mask, causal, dropout, shard: Shard,
         key_padding_mask = key_padding_mask[:, :keys]
     else:
         q = _heads(F.linear(x, attn.q_proj.weight, attn.q_proj.bias), H)
-        w = torch.cat([attn.k_proj.weight, attn.v_proj.weight])
-        k, v = F.linear(memory, w, torch.cat([attn.k_proj.bias, attn.v_proj.bias])).chunk(2, dim=-1)
-        k, v = _heads(k, H), _heads(v, H)
+        k = _heads(F.linear(memory, attn.k_proj.weight, attn.k_proj.bias), H)
+        v = _heads(F.linear(memory, attn.v_proj.weight, attn.v_proj.bias), H)
     coords = ops.AttentionCoords(H, 0, shard.total, shard.start, k_total, 0)
     out = _attend(attn, q, k, v, key_padding_mask, causal, dropout, coords, B)
     return F.linear(out, attn.out_proj.weight)
+
+
+def _project(x: Tensor, *weights: Tensor) -> Tensor:
+    """[T, B, E] -> [T, B, len(weights) * E_out]: the projections without bias, packed. Three GEMMs and a
+    copy of their outputs rather than one GEMM with a concatenated weight, whose copy autograd would keep
+    for backward (E x 3E per layer, whatever P)."""
+    return torch.cat([F.linear(x, w) for w in weights], dim=-1)
 
 
 def _heads(t: Tensor, num_heads: int) -> Tensor:

@@ -12,7 +12,6 @@ nothing; collectives.py still counts the bytes a real group would send).
   forward+backward time.
 """
 import argparse
-import contextlib
 import statistics
 import time
 from fractions import Fraction
@@ -119,31 +118,6 @@ class _StorageBytes(SavedBytes):
             return 0
         self._seen[key] = (st.nbytes(), tuple(t.shape), str(t.dtype).replace("torch.", ""))
         return st.nbytes()
-
-
-@contextlib.contextmanager
-def attention_probe(kernel_without_coords: bool = False):
-    """Counts the calls of the attention-probability op's pure-PyTorch reference (ops.attention falls
-    back to it when a call has coordinates the compiled kernels do not take yet) and yields a dict
-    {"reference": n}. kernel_without_coords: drop the coordinates so the compiled kernel runs; its
-    memory and time are then the kernel's, its dropout masks not the single-process ones (never for
-    training; for measuring only)."""
-    from fairseq_lightseq.ops import attention as op, reference
-
-    counts = {"reference": 0}
-    ref, coords = reference.attention_softmax_dropout, op.attention_coords
-
-    def counted(*args, **kwargs):
-        counts["reference"] += 1
-        return ref(*args, **kwargs)
-
-    reference.attention_softmax_dropout = counted
-    if kernel_without_coords:
-        op.attention_coords = lambda c, shape: []
-    try:
-        yield counts
-    finally:
-        reference.attention_softmax_dropout, op.attention_coords = ref, coords
 
 
 def set_group(P: int, rank: int = 0):

@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from bench_support.sp_cells import attention_probe, build, sample
+from bench_support.sp_cells import build, sample
 
 
 def _steps(model, criterion, smp, warmup: int, steps: int, all_reduce: bool) -> list:
@@ -38,7 +38,7 @@ def _steps(model, criterion, smp, warmup: int, steps: int, all_reduce: bool) -> 
 
 
 def _worker(rank: int, port: int, cfg: dict, mode: str, B: int, T: int, warmup: int, steps: int, threads: int,
-            kernel: bool, queue) -> None:
+            queue) -> None:
     from fairseq_lightseq.sequence_parallel.sharding import SequenceParallel
 
     torch.set_num_threads(threads)
@@ -47,10 +47,9 @@ def _worker(rank: int, port: int, cfg: dict, mode: str, B: int, T: int, warmup: 
         task, model, criterion = build(cfg, T + 8)
         model.encoder.sequence_parallel = model.decoder.sequence_parallel = SequenceParallel(
             dist.group.WORLD, 2, rank, mode)
-        with attention_probe(kernel) as probe:
-            times = _steps(model, criterion, sample(task, B, T, "cpu"), warmup, steps, True)
+        times = _steps(model, criterion, sample(task, B, T, "cpu"), warmup, steps, True)
         if rank == 0:
-            queue.put((times, "reference" if probe["reference"] else "kernel"))
+            queue.put(times)
     finally:
         dist.destroy_process_group()
 
@@ -61,16 +60,14 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def run(cfg: dict, mode: str, B: int, T: int, warmup: int, steps: int, threads: int, kernel: bool = False,
-        log=print) -> dict:
+def run(cfg: dict, mode: str, B: int, T: int, warmup: int, steps: int, threads: int, log=print) -> dict:
     """P = 2 over gloo (2 processes, `threads` each) and P = 1 in this process (2 x threads), the same
-    model, batch and step count (kernel: the sharded attention calls without coordinates, see
-    sp_cells.attention_probe). Returns both medians, tokens/s and the ratio P2 / P1."""
+    model, batch and step count. Returns both medians, tokens/s and the ratio P2 / P1."""
     ctx = mp.get_context("spawn")
     queue = ctx.SimpleQueue()
     port = _free_port()
     log(f"gloo: P=2 ({mode}), 2 processes x {threads} thread(s), B={B} T={T}, {warmup} warm-up + {steps} steps")
-    procs = [ctx.Process(target=_worker, args=(r, port, cfg, mode, B, T, warmup, steps, threads, kernel, queue))
+    procs = [ctx.Process(target=_worker, args=(r, port, cfg, mode, B, T, warmup, steps, threads, queue))
              for r in range(2)]
     for p in procs:
         p.start()
@@ -78,16 +75,15 @@ def run(cfg: dict, mode: str, B: int, T: int, warmup: int, steps: int, threads: 
         p.join()
     if any(p.exitcode for p in procs):
         raise RuntimeError(f"gloo workers exited with {[p.exitcode for p in procs]}")
-    t2, attention = queue.get()
+    t2 = queue.get()
     log(f"gloo: P=1, 1 process x {2 * threads} thread(s)")
     torch.set_num_threads(2 * threads)
     task, model, criterion = build(cfg, T + 8)
     t1 = _steps(model, criterion, sample(task, B, T, "cpu"), warmup, steps, False)
     m1, m2 = statistics.median(t1), statistics.median(t2)
     res = {"mode": mode, "B": B, "T": T, "warmup": warmup, "steps": steps, "threads_per_rank": threads,
-           "p2_attention_probs": attention,
            "p1_step_seconds": t1, "p2_step_seconds": t2, "p1_tokens_per_s": B * T / m1, "p2_tokens_per_s": B * T / m2,
            "ratio_p2_over_p1": m1 / m2}
     log(f"gloo: P=1 {res['p1_tokens_per_s']:.0f} tok/s, P=2 {res['p2_tokens_per_s']:.0f} tok/s, "
-        f"ratio {res['ratio_p2_over_p1']:.2f} (P=2 attention probabilities: {attention})")
+        f"ratio {res['ratio_p2_over_p1']:.2f}")
     return res
