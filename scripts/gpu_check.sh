@@ -4,7 +4,7 @@
 #   report.md     each step's exit code and time, the test summary and every benchmark table
 #   logs.tgz      every log in full (build, pytest with tracebacks, junit xml, benchmark output)
 #   *.json        the benchmark results
-#   usage: scripts/gpu_check.sh OUT_DIR        (about 7-8 minutes on an H200; every step has a time limit)
+#   usage: scripts/gpu_check.sh OUT_DIR        (about 9-10 minutes on an H200, estimated; every step has a time limit)
 #   GPU_CHECK_ONLY="tests_cuda bench_ops_fp16" scripts/gpu_check.sh OUT_DIR   runs only those steps
 #   (after machine, wheels, build and info), for a short second run.
 # The report is rewritten after every step, so a run cut short still leaves what it got.
@@ -24,7 +24,7 @@ report() {
     echo '```'
     cat "$LOGS/steps.txt"
     echo '```'
-    for f in machine info tests_cuda sp bench_ops_fp16 bench_ops_bf16 benchmark benchmark_sweep bench_criterion bench_optimizer; do
+    for f in machine info tests_cuda sp sp_bench bench_ops_fp16 bench_ops_bf16 benchmark benchmark_sweep bench_criterion bench_optimizer; do
       [ -s "$LOGS/$f.txt" ] || continue
       echo; echo "## $f"; echo '```'
       case $f in
@@ -75,6 +75,10 @@ step tests_cuda 150 $PY -m pytest -q -m cuda $par -rfE -p no:cacheprovider tests
 # on its own for GPU_CHECK_ONLY=sp.
 step sp 180 $PY -m pytest -q -m cuda -rfE -p no:cacheprovider tests/ops/test_attention_coords.py \
   tests/ops/test_token_slices.py --junitxml="$LOGS/sp.xml"
+# Sequence parallelism's memory per rank on the GPU, bf16 Transformer-big, rank 0 of P over the fake process
+# group (SDPA attention: nothing T x T kept), T = 4k..32k: saved bytes, CUDA peak, bytes sent, time.
+step sp_bench 150 $PY scripts/bench_sequence_parallel.py --device cuda --dtype bf16 --lengths 4k 8k 16k 32k \
+  --max-gib 100 --warmup 1 --reps 3 --json "$OUT_DIR/bench_sequence_parallel_bf16.json"
 
 step bench_ops_fp16 150 $PY scripts/bench_ops.py --device cuda --dtype fp16 --shapes base,big,large,long --skip-ref --json "$OUT_DIR/bench_ops_fp16.json"
 step bench_ops_bf16 120 $PY scripts/bench_ops.py --device cuda --dtype bf16 --shapes base,big,large --skip-ref --json "$OUT_DIR/bench_ops_bf16.json"
