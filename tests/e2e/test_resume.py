@@ -70,12 +70,18 @@ def _truncated_copy(src, dst, keep=3000):
         g.write(f.read(keep))
 
 
-@pytest.mark.e2e
-def test_resume_from_truncated_checkpoint_fails_clearly(prepared):
-    d, _ = prepared
+def _full_checkpoint(d):
+    """The 2-update run's checkpoint_last.pt (trained here when an earlier test has not)."""
     ckpt = os.path.join(d, "full", "checkpoint_last.pt")
     if not os.path.exists(ckpt):
         train(d, "full", "--max-update", "2", *RESUME_ARGS)
+    return ckpt
+
+
+@pytest.mark.e2e
+def test_resume_from_truncated_checkpoint_fails_clearly(prepared):
+    d, _ = prepared
+    ckpt = _full_checkpoint(d)
     _truncated_copy(ckpt, os.path.join(d, "broken", "checkpoint_last.pt"))
     rc, out = train(d, "broken", "--max-update", "10", check=False)
     assert rc != 0
@@ -88,9 +94,7 @@ def test_resume_from_truncated_checkpoint_fails_clearly(prepared):
 @pytest.mark.e2e
 def test_generate_with_truncated_checkpoint_fails_clearly(prepared):
     d, _ = prepared
-    ckpt = os.path.join(d, "full", "checkpoint_last.pt")
-    if not os.path.exists(ckpt):
-        train(d, "full", "--max-update", "2", *RESUME_ARGS)
+    ckpt = _full_checkpoint(d)
     _truncated_copy(ckpt, os.path.join(d, "broken-gen", "checkpoint_last.pt"), keep=50000)
     rc, out = run([sys.executable, "-m", "fairseq_cli.generate", "out/data-bin", "--user-dir",
                    os.path.join(ROOT, "fairseq_lightseq"), "--path",
