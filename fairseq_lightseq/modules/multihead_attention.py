@@ -163,11 +163,14 @@ class LSMultiheadAttention(nn.Module):
         return F.linear(out, self.out_proj.weight), weights
 
     def _attend(self, q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Optional[Tensor], causal: bool,
-                need_weights: bool, attn_dropout: ops.Dropout) -> Tuple[Tensor, Optional[Tensor]]:
-        """q: [B, H, Tq, hd]; k, v: [B, H, Tk, hd] -> ([Tq, B, E], weights [B, Tq, Tk] or None)."""
+                need_weights: bool, attn_dropout: ops.Dropout, coords: Optional[ops.AttentionCoords] = None
+                ) -> Tuple[Tensor, Optional[Tensor]]:
+        """q: [B, H, Tq, hd]; k, v: [B, H, Tk, hd] -> ([Tq, B, E], weights [B, Tq, Tk] or None). coords: where
+        these scores sit in a larger problem (sequence parallelism), for the explicit path's dropout."""
         B, H, Tq, hd = q.shape
         Tk = k.size(2)
-        if not need_weights and use_sdpa(q) and sdpa_supported(causal, Tq, Tk):
+        # with a padding mask, _sdpa_mask builds the causal band explicitly, for any Tq and Tk
+        if not need_weights and use_sdpa(q) and (key_padding_mask is not None or sdpa_supported(causal, Tq, Tk)):
             # Fused attention: no [B, H, Tq, Tk] tensor in memory (masks: see _sdpa_mask).
             mask, is_causal = _sdpa_mask(key_padding_mask, causal, Tq, Tk)
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=attn_dropout.p,
@@ -175,7 +178,7 @@ class LSMultiheadAttention(nn.Module):
             return out.permute(2, 0, 1, 3).reshape(Tq, B, H * hd), None
         scores = torch.bmm(q.reshape(B * H, Tq, hd), k.reshape(B * H, Tk, hd).transpose(1, 2))
         probs = ops.attention_softmax_dropout(scores.view(B, H, Tq, Tk), key_padding_mask, causal,
-                                              self.scaling, attn_dropout)
+                                              self.scaling, attn_dropout, coords=coords)
         out = torch.bmm(probs.view(B * H, Tq, Tk), v.reshape(B * H, Tk, hd))
         weights = probs.detach().float().mean(dim=1).to(q.dtype) if need_weights else None
         return ops.merge_heads(out, H), weights

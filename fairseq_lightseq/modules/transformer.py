@@ -146,7 +146,7 @@ class LSTransformerEncoder(_DropoutStreamMixin, TransformerEncoderBase):
         encoder_states = [x] if return_all_hiddens else []
         for i, layer in enumerate(self.layers):
             x = layer(x, encoder_padding_mask=layer_mask, dropout_seed=seed, dropout_site=1 + i * SITES_PER_LAYER,
-                      **({} if shard is None else {"shard": shard}))
+                      shard=shard)
             if return_all_hiddens:
                 encoder_states.append(x)
         if self.layer_norm is not None:
@@ -204,7 +204,7 @@ class LSTransformerDecoder(_DropoutStreamMixin, TransformerDecoderBase):
 
         seed, active = self._forward_seed(), self.dropout_active
         shard = shard_or_none(self.sequence_parallel, slen, incremental_state is not None)
-        sharded = {}
+        encoder_total = None
         if incremental_state is not None:
             # fairseq: a generation step sits at position padding_idx + slen, whatever the padding
             tokens = prev_output_tokens[:, -1:]
@@ -213,14 +213,12 @@ class LSTransformerDecoder(_DropoutStreamMixin, TransformerDecoderBase):
             self_attn_padding_mask = tokens.eq(self.padding_idx)
         else:
             tokens, positions, max_position, self_attn_padding_mask = self._rows(prev_output_tokens, shard)
-        if shard is not None:
-            sharded = {"shard": shard}
-            if enc is not None:
-                # every rank's queries see every source row: gathered once for all layers (its
-                # backward is one reduce-scatter)
-                sharded["encoder_total"] = padding_mask.size(1)
-                enc = all_gather(enc, 0, shard.group)
-                padding_mask = F.pad(padding_mask, (0, enc.size(0) - padding_mask.size(1)), value=True)
+        if shard is not None and enc is not None:
+            # every rank's queries see every source row: gathered once for all layers (its backward is
+            # one reduce-scatter)
+            encoder_total = padding_mask.size(1)
+            enc = all_gather(enc, 0, shard.group)
+            padding_mask = F.pad(padding_mask, (0, enc.size(0) - padding_mask.size(1)), value=True)
         x = self._embed(tokens, positions, max_position, seed, active, shard)
 
         attn: Optional[Tensor] = None
@@ -230,7 +228,8 @@ class LSTransformerDecoder(_DropoutStreamMixin, TransformerDecoderBase):
                                   self_attn_padding_mask=self_attn_padding_mask,
                                   causal=not full_context_alignment,
                                   need_attn=idx == alignment_layer and not self.training,
-                                  dropout_seed=seed, dropout_site=1 + idx * SITES_PER_LAYER, **sharded)
+                                  dropout_seed=seed, dropout_site=1 + idx * SITES_PER_LAYER, shard=shard,
+                                  encoder_total=encoder_total)
             inner_states.append(x)
             if layer_attn is not None and idx == alignment_layer:
                 attn = layer_attn.float().to(x)

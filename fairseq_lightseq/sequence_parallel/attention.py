@@ -29,8 +29,8 @@ from torch import Tensor
 
 from .. import ops
 from ..ops._backend import Dropout
-from ..ops.blocks.attention import _sdpa_mask
-from ..modules.multihead_attention import LSMultiheadAttention, use_sdpa
+from ..ops.blocks.attention import _heads
+from ..modules.multihead_attention import LSMultiheadAttention
 from .collectives import all_gather, all_to_all
 from .sharding import Shard
 
@@ -101,23 +101,10 @@ def _project(x: Tensor, *weights: Tensor) -> Tensor:
     return torch.cat([F.linear(x, w) for w in weights], dim=-1)
 
 
-def _heads(t: Tensor, num_heads: int) -> Tensor:
-    """[T, B, H*hd] -> contiguous [B*H, T, hd]."""
-    T, B, E = t.shape
-    return t.reshape(T, B * num_heads, E // num_heads).transpose(0, 1).contiguous()
-
-
 def _attend(attn: LSMultiheadAttention, q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Tensor, causal: bool,
             dropout: Dropout, coords, B: int) -> Tensor:
-    """q: [B*H, Tq, hd]; k, v: [B*H, Tk, hd] -> merged heads [Tq, B, H*hd]."""
-    BH, Tq, hd = q.shape
-    Tk, H = k.shape[1], BH // B
-    if use_sdpa(q):
-        # Fused attention, nothing [B, H, Tq, Tk] kept; _sdpa_mask's explicit mask covers Tq != Tk.
-        mask, _ = _sdpa_mask(key_padding_mask, causal, Tq, Tk)
-        o = F.scaled_dot_product_attention(q.view(B, H, Tq, hd), k.view(B, H, Tk, hd), v.view(B, H, Tk, hd),
-                                           attn_mask=mask, dropout_p=dropout.p, scale=attn.scaling)
-        return o.permute(2, 0, 1, 3).reshape(Tq, B, H * hd)
-    scores = torch.bmm(q, k.transpose(1, 2)).view(B, H, Tq, Tk)
-    probs = ops.attention_softmax_dropout(scores, key_padding_mask, causal, attn.scaling, dropout, coords=coords)
-    return ops.merge_heads(torch.bmm(probs.view(BH, Tq, Tk), v), H)
+    """q: [B*H, Tq, hd]; k, v: [B*H, Tk, hd] (k, v may be strided) -> merged heads [Tq, B, H*hd], through the
+    module's own attention (explicit with the coordinates, or SDPA)."""
+    BH, _, hd = q.shape
+    heads = [t.view(B, BH // B, -1, hd) for t in (q, k, v)]
+    return attn._attend(*heads, key_padding_mask, causal, False, dropout, coords)[0]
