@@ -145,10 +145,29 @@ Tensor softmax_dropout_bwd(const Tensor& dprobs, const Tensor& dropped, const Te
   return softmax_bwd(dprobs.view(y.sizes()), y, scale, p, seed, off).view(dprobs.sizes());
 }
 
-// See ops/blocks/attention.py (AttentionBlockFunction) for the arguments. Returns (y, s, mean, rstd,
-// q, k, v, probs, dropped): s is undefined for pre-LN; q/k/v [B*H, T, hd]; probs [B, H, Tq, Tk] the
-// softmax output; dropped the dropped probabilities (empty without dropout).
-std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> attention_block_fwd(
+// q, k, v as [B*H, T, hd] from the block's normalised input h2 [Tq*B, E] (self-attention: one [3E, E] GEMM
+// and the fused bias add + head split) or from h2 and the memory [Tk, B, Ek] (encoder-decoder attention).
+// The forward computes them and the backward again (they are not saved: a GEMM buys back 3 [B*H, T, hd]
+// tensors per attention, about a fifth of what a layer keeps for backward).
+Tensor3 project_qkv(const Tensor& h2, const std::optional<Tensor>& memory, const Tensor& wq, const Tensor& bq,
+                    const Tensor& wk, const Tensor& bk, const Tensor& wv, const Tensor& bv, int64_t Tq, int64_t B,
+                    int64_t H) {
+  const int64_t E = wq.size(0);
+  if (!memory.has_value()) {
+    const Tensor qkv = at::mm(h2, at::cat({wq, wk, wv}).t()).view({Tq, B, 3 * E});
+    return qkv_split(qkv, at::cat({bq, bk, bv}), H);
+  }
+  const Tensor& m = *memory;
+  const int64_t Tk = m.size(0);
+  Tensor q = to_heads(at::addmm(bq, h2, wq.t()).view({Tq, B, E}), H);
+  const Tensor kv = at::addmm(at::cat({bk, bv}), m.reshape({Tk * B, -1}), at::cat({wk, wv}).t()).view({Tk, B, 2 * E});
+  return {q, to_heads(kv.slice(2, 0, E), H), to_heads(kv.slice(2, E, 2 * E), H)};
+}
+
+// See ops/blocks/attention.py (AttentionBlockFunction) for the arguments. Returns (y, s, mean, rstd, probs,
+// dropped): s is undefined for pre-LN; probs [B, H, Tq, Tk] the softmax output; dropped the dropped
+// probabilities (empty without dropout).
+std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> attention_block_fwd(
     const Tensor& x, const std::optional<Tensor>& memory, const std::optional<Tensor>& key_padding_mask,
     const Tensor& ln_weight, const Tensor& ln_bias, const Tensor& wq, const Tensor& bq, const Tensor& wk,
     const Tensor& bk, const Tensor& wv, const Tensor& bv, const Tensor& wo, const Tensor& bo, int64_t num_heads,
@@ -161,17 +180,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tenso
   TORCH_CHECK(H > 0 && E % H == 0, "attention_block_fwd: num_heads = ", H, " must divide E = ", E);
   Tensor mean, rstd, s, q, k, v;
   const Tensor h2 = norm_start(x, ln_weight, ln_bias, normalize_before, eps, mean, rstd).reshape({Tq * B, E});
-  if (!memory.has_value()) {
-    const Tensor qkv = at::mm(h2, at::cat({wq, wk, wv}).t()).view({Tq, B, 3 * E});
-    std::tie(q, k, v) = qkv_split(qkv, at::cat({bq, bk, bv}), H);
-  } else {
-    const Tensor& m = *memory;
-    const int64_t Tk = m.size(0);
-    q = to_heads(at::addmm(bq, h2, wq.t()).view({Tq, B, E}), H);
-    const Tensor kv = at::addmm(at::cat({bk, bv}), m.reshape({Tk * B, -1}), at::cat({wk, wv}).t()).view({Tk, B, 2 * E});
-    k = to_heads(kv.slice(2, 0, E), H);
-    v = to_heads(kv.slice(2, E, 2 * E), H);
-  }
+  std::tie(q, k, v) = project_qkv(h2, memory, wq, bq, wk, bk, wv, bv, Tq, B, H);
   const int64_t Tk = k.size(1);
   Tensor y, dropped;
   std::tie(y, dropped) = softmax_fwd(at::bmm(q, k.transpose(1, 2)).view({B, H, Tq, Tk}), key_padding_mask, causal,
@@ -180,16 +189,17 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tenso
   const Tensor merged = merge(at::bmm(probs.view({B * H, Tq, Tk}), v), H);
   const Tensor out = at::mm(merged.view({Tq * B, E}), wo.t()).view({Tq, B, E});
   Tensor out_y = norm_end(out, bo, x, p, seed, offset, ln_weight, ln_bias, normalize_before, eps, s, mean, rstd);
-  return {out_y, s, mean, rstd, q, k, v, y, dropped};
+  return {out_y, s, mean, rstd, y, dropped};
 }
 
 // Returns (dx, dmemory (undefined for self-attention), dln_weight, dln_bias, dwq, dbq, dwk, dbk, dwv, dbv,
-// dwo, dbo). The merged heads (the output GEMM's input) are recomputed from probs and v.
+// dwo, dbo). q, k, v are recomputed from the block input (project_qkv), and the merged heads (the output
+// GEMM's input) from probs and v.
 std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor>
 attention_block_bwd(const Tensor& dy, const Tensor& x, const std::optional<Tensor>& memory, const Tensor& ln_weight,
-                    const Tensor& ln_bias, const Tensor& wq, const Tensor& wk, const Tensor& wv, const Tensor& wo,
-                    const std::optional<Tensor>& s, const Tensor& mean, const Tensor& rstd, const Tensor& q,
-                    const Tensor& k, const Tensor& v, const Tensor& y, const Tensor& dropped, int64_t num_heads,
+                    const Tensor& ln_bias, const Tensor& wq, const Tensor& bq, const Tensor& wk, const Tensor& bk,
+                    const Tensor& wv, const Tensor& bv, const Tensor& wo, const std::optional<Tensor>& s,
+                    const Tensor& mean, const Tensor& rstd, const Tensor& y, const Tensor& dropped, int64_t num_heads,
                     double scale, bool normalize_before, double eps, double attn_p, int64_t attn_seed,
                     int64_t attn_offset, double p, int64_t seed, int64_t offset) {
   // These ops run inside an autograd Function: the ATen calls below skip the autograd layers.
@@ -198,6 +208,9 @@ attention_block_bwd(const Tensor& dy, const Tensor& x, const std::optional<Tenso
   Tensor ds, dln_w, dln_b, dout, dbo;
   const Tensor h = norm_bwd_start(dy, x, s.has_value() ? *s : Tensor(), ln_weight, ln_bias, mean, rstd,
                                   normalize_before, eps, ds, dln_w, dln_b);
+  const Tensor h2 = h.reshape({Tq * B, E});
+  Tensor q, k, v;
+  std::tie(q, k, v) = project_qkv(h2, memory, wq, bq, wk, bk, wv, bv, Tq, B, H);
   std::tie(dout, dbo) = bdr_bwd(ds, p, seed, offset);
   const Tensor dout2 = dout.view({Tq * B, E});
   // [Tq, B, H, hd] seen as [B*H, Tq, hd]
@@ -208,7 +221,6 @@ attention_block_bwd(const Tensor& dy, const Tensor& x, const std::optional<Tenso
   const Tensor dscores = softmax_dropout_bwd(at::bmm(dctx, v.transpose(1, 2)), probs, y,
                                              dropped.numel() > 0, scale, attn_p, attn_seed, attn_offset);
   const Tensor dq = at::bmm(dscores, k), dk = at::bmm(dscores.transpose(1, 2), q);
-  const Tensor h2 = h.reshape({Tq * B, E});
   Tensor dh, dmemory, dwq, dbq, dwk, dbk, dwv, dbv;
   if (!memory.has_value()) {
     Tensor dqkv, dbqkv;
@@ -283,11 +295,11 @@ TORCH_LIBRARY_FRAGMENT(fairseq_lightseq, m) {
       "attention_block_fwd(Tensor x, Tensor? memory, Tensor? key_padding_mask, Tensor ln_weight, Tensor ln_bias, "
       "Tensor wq, Tensor bq, Tensor wk, Tensor bk, Tensor wv, Tensor bv, Tensor wo, Tensor bo, int num_heads, "
       "float scale, bool causal, bool normalize_before, float eps, float attn_p, int attn_seed, int attn_offset, "
-      "float p, int seed, int offset) -> (Tensor y, Tensor s, Tensor mean, Tensor rstd, Tensor q, Tensor k, "
-      "Tensor v, Tensor probs, Tensor dropped)");
+      "float p, int seed, int offset) -> (Tensor y, Tensor s, Tensor mean, Tensor rstd, Tensor probs, "
+      "Tensor dropped)");
   m.def(
       "attention_block_bwd(Tensor dy, Tensor x, Tensor? memory, Tensor ln_weight, Tensor ln_bias, Tensor wq, "
-      "Tensor wk, Tensor wv, Tensor wo, Tensor? s, Tensor mean, Tensor rstd, Tensor q, Tensor k, Tensor v, "
+      "Tensor bq, Tensor wk, Tensor bk, Tensor wv, Tensor bv, Tensor wo, Tensor? s, Tensor mean, Tensor rstd, "
       "Tensor probs, Tensor dropped, int num_heads, float scale, bool normalize_before, float eps, float attn_p, "
       "int attn_seed, int attn_offset, float p, int seed, int offset) -> (Tensor dx, Tensor dmemory, "
       "Tensor dln_weight, Tensor dln_bias, Tensor dwq, Tensor dbq, Tensor dwk, Tensor dbk, Tensor dwv, Tensor dbv, "

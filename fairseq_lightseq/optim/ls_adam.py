@@ -214,28 +214,69 @@ class LSAdam(FairseqOptimizer):
             "weight_decay": self.cfg.weight_decay,
         }
 
+    # ---- the gradient factor, applied inside the update -------------------------------------------
+    # fairseq's Trainer multiplies every grad by data_parallel_size / sample_size (multiply_grads), asks
+    # for their norm and clips them (clip_grad_norm), then steps; fairseq allows an optimizer to apply
+    # that factor on the fly (FP16Optimizer does). ls_adam keeps it pending and hands it to the update
+    # kernel as its grad scale, so the two passes over every gradient are not made at all: the norm is
+    # the raw grads' norm times the factor. A fallback path below that reads the grads itself gets them
+    # multiplied first (_apply_grad_factor); zero_grad and step clear the factor.
+
+    def _grad_factor(self):
+        return getattr(self, "_pending_factor", 1.0)
+
+    def multiply_grads(self, c):
+        """Multiplies the grads by c (float or 0-dim tensor): recorded, applied by step()."""
+        self._pending_factor = self._grad_factor() * c
+
+    def _apply_grad_factor(self):
+        """Multiplies the grads by the pending factor now (for code that reads them directly)."""
+        c = self._grad_factor()
+        self._pending_factor = 1.0
+        if torch.is_tensor(c) or c != 1.0:
+            super().multiply_grads(c)
+
+    def zero_grad(self):
+        self._pending_factor = 1.0
+        super().zero_grad()
+
+    def step(self, closure=None, scale=1.0, groups=None):
+        """fairseq's step (grads divided by `scale`) with the pending factor folded into that division:
+        FusedAdam takes it as the kernel's grad scale (a float) or divides on the device (a tensor, e.g.
+        after clipping), whether or not fairseq's wrappers were told it steps with a scale."""
+        c = self._grad_factor()
+        if not torch.is_tensor(c) and c == 0:  # nothing to divide by: zero the grads, as fairseq would
+            self._apply_grad_factor()
+            c = 1.0
+        self._pending_factor = 1.0
+        self._optimizer.step(closure, scale=scale / c)
+
     @torch.no_grad()
     def clip_grad_norm(self, max_norm, aggregate_norm_fn=None):
         """fairseq's clip_grad_norm_ (the fp32 L2 norm of all grads, aggregated, then the grads scaled by
-        min(1, max_norm / (norm + 1e-6)) when max_norm > 0), with the per-tensor norms in one multi-tensor
-        call instead of one norm op per parameter: fairseq's Trainer calls this on every step (with
-        max_norm 0 to log the norm), and its loop is ~250 op calls at Transformer-big depth. Falls back
-        to fairseq's own function for what the fast path does not cover (sparse or MoE expert grads,
-        grads on several devices, a torch without _foreach_norm's dtype)."""
-        grads = [p.grad.detach() for p in self.params if p.grad is not None]
+        min(1, max_norm / (norm + 1e-6)) when max_norm > 0), on the grads times the pending factor: the
+        per-tensor norms come from one multi-tensor call instead of one norm op per parameter (fairseq's
+        Trainer calls this on every step, with max_norm 0 to log the norm, and its loop is ~250 op calls
+        at Transformer-big depth), and the clip coefficient joins the pending factor. Falls back to
+        fairseq's own function for what the fast path does not cover (sparse or MoE expert grads, grads
+        on several devices, a torch without _foreach_norm's dtype)."""
+        grads = [p.grad for p in self.params if p.grad is not None]
         if len(grads) < 2 or any(g.is_sparse for g in grads) or len({g.device for g in grads}) > 1 \
                 or any(hasattr(p, "expert") for p in self.params):
+            self._apply_grad_factor()
             return super().clip_grad_norm(max_norm, aggregate_norm_fn)
         try:
             norms = torch._foreach_norm(grads, 2, dtype=torch.float32)
         except TypeError:  # torch before _foreach_norm's dtype argument
+            self._apply_grad_factor()
             return super().clip_grad_norm(max_norm, aggregate_norm_fn)
+        c = self._grad_factor()
         total_norm = torch.linalg.vector_norm(torch.stack(norms))
+        total_norm = total_norm * (c.abs() if torch.is_tensor(c) else abs(c))
         if aggregate_norm_fn is not None:
             total_norm = aggregate_norm_fn(total_norm)
         if max_norm > 0:
-            clip_coef = (float(max_norm) / (total_norm + 1e-6)).clamp_(max=1)
-            torch._foreach_mul_(grads, clip_coef)
+            self._pending_factor = c * (float(max_norm) / (total_norm + 1e-6)).clamp_(max=1)
         return total_norm
 
     def average_params(self):

@@ -286,13 +286,14 @@ def test_steady_state_path_matches_the_per_param_path_when_a_grad_is_missing():
     assert [ours.state[p]["step"] for p in ps] == [5, 4]
 
 
+@pytest.mark.parametrize("factor", [0.25, "tensor"])
 @pytest.mark.parametrize("grad_dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("max_norm", [0.0, 0.5, 1e6])
-def test_clip_grad_norm_matches_fairseq(grad_dtype, max_norm):
-    """ls_adam's multi-tensor clip_grad_norm returns fairseq's norm (utils.clip_grad_norm_) and clips
-    the grads as fairseq does (max_norm 0: the norm only, as the Trainer calls it every step)."""
-    from fairseq import utils
-
+def test_grad_factor_and_clip_match_fairseq(grad_dtype, max_norm, factor):
+    """The Trainer's sequence multiply_grads(c) -> clip_grad_norm(max_norm) -> step: ls_adam returns
+    fairseq adam's norm (of the multiplied grads) and makes fairseq adam's update, although it never
+    multiplies or clips the grads themselves (the factor and the clip coefficient reach the update
+    kernel as its grad scale); max_norm 0: the norm only, as the Trainer asks for it every step."""
     def params(seed):
         g = torch.Generator().manual_seed(seed)
         ps = [torch.nn.Parameter(torch.randn(*shape, generator=g).to(grad_dtype)) for shape in ((7, 5), (5,), (3, 4, 2), (1,))]
@@ -300,13 +301,43 @@ def test_clip_grad_norm_matches_fairseq(grad_dtype, max_norm):
             p.grad = torch.randn(p.shape, generator=g).to(grad_dtype)
         return ps
 
+    c = torch.tensor(0.25) if factor == "tensor" else factor
     ours, theirs = params(3), params(3)
-    opt = build("ls_adam", ours)
-    norm = opt.clip_grad_norm(max_norm)
-    expected = utils.clip_grad_norm_(theirs, max_norm)
-    assert norm.dtype == torch.float32
-    torch.testing.assert_close(norm, expected, rtol=1e-6, atol=0)
+    grads_before = [p.grad.clone() for p in ours]
+    opts = build("ls_adam", ours), build("adam", theirs)
+    norms = []
+    for opt in opts:
+        opt.multiply_grads(c)
+        norms.append(opt.clip_grad_norm(max_norm))
+    assert norms[0].dtype == torch.float32
+    torch.testing.assert_close(norms[0], norms[1], rtol=1e-6, atol=0)
+    if max_norm == 0.5:  # the clip happens
+        assert float(norms[1]) > 1
+    for a, b in zip(ours, grads_before):  # deferred: the grads are untouched until the update
+        assert torch.equal(a.grad, b)
+    for opt in opts:
+        opt.step()
+    tol = {"rtol": 1e-6, "atol": 1e-7} if grad_dtype == torch.float32 else {"rtol": 0, "atol": 1e-2}
     for a, b in zip(ours, theirs):
-        torch.testing.assert_close(a.grad, b.grad, rtol=1e-6, atol=0)
-    if max_norm == 0.5:  # the clip happened
-        assert float(utils.clip_grad_norm_(ours, 0)) == pytest.approx(0.5, rel=1e-3)
+        torch.testing.assert_close(a, b, **tol)
+    # the next step starts from factor 1 again: an update with the raw grads
+    for opt, ps in zip(opts, (ours, theirs)):
+        opt.zero_grad()
+        for p in ps:
+            p.grad = torch.ones_like(p)
+        assert float(opt.clip_grad_norm(0)) == pytest.approx(float(sum(p.numel() for p in ps)) ** 0.5, rel=1e-6)
+        opt.step()
+    for a, b in zip(ours, theirs):
+        torch.testing.assert_close(a, b, **tol)
+
+
+def test_zero_grad_factor_zeroes_the_update():
+    """multiply_grads(0) (nothing to divide the update's scale by) zeroes the grads, as fairseq's does."""
+    ps = [torch.nn.Parameter(torch.randn(4, 3)) for _ in range(2)]
+    for p in ps:
+        p.grad = torch.randn_like(p)
+    opt = build("ls_adam", ps)
+    opt.multiply_grads(0.0)
+    opt.step()
+    assert all(torch.count_nonzero(p.grad) == 0 for p in ps)
+    assert all(float(s["exp_avg"].abs().max()) == 0 for s in opt.optimizer.state.values())

@@ -12,15 +12,17 @@ that calls the GEMMs and `torch.ops.fairseq_lightseq.*` directly. The per-op Fun
 this composition (tests compare the two) and serve what this path does not (autocast, devices or
 dtypes without kernels, incremental decoding, attention weights).
 
-Saved for backward: the block input, q, k, v, the layer norm statistics (post-LN: its input too;
+Saved for backward: the block input, the layer norm statistics (post-LN: its input too;
 pre-LN recomputes its normalised input), and, for the explicit attention, the softmax output and the
 dropped probabilities: the explicit path is the CPU's (and CUDA's fallback), where the softmax
 kernel is the costliest step of the block and host time decides, so the softmax is not recomputed;
 the merged heads (the output GEMM's input, [Tq, B, E]) are, from the probabilities and v (one bmm
 and one copy). With SDPA (CUDA's path) nothing [B, H, Tq, Tk] is kept: SDPA saves its output and
-logsumexp, and the merged heads are rebuilt from its output. The concatenated q/k/v weight is built
-in forward and again in backward (a [3E, E] copy) rather than saved, so it always matches the
-current parameters.
+logsumexp, and the merged heads are rebuilt from its output. The explicit path does not keep q, k, v
+either: its backward projects them again from the block input (one GEMM per attention for 3 [B*H, T, hd]
+tensors, about a fifth of a layer's saved bytes); SDPA's own node keeps them on that path. The
+concatenated q/k/v weight is built in forward and again in backward (a [3E, E] copy) rather than saved,
+so it always matches the current parameters.
 """
 from typing import NamedTuple, Optional
 
@@ -108,10 +110,10 @@ class AttentionBlockFunction(torch.autograd.Function):
         if not cfg.sdpa:
             # The explicit path is one compiled op (csrc/ops/blocks.cpp): no Python per tensor call.
             a, d = cfg.attn_dropout, cfg.dropout
-            out_y, s, mean, rstd, q, k, v, y, dropped = _backend.ops().attention_block_fwd(
+            out_y, s, mean, rstd, y, dropped = _backend.ops().attention_block_fwd(
                 x, memory, key_padding_mask, ln_weight, ln_bias, wq, bq, wk, bk, wv, bv, wo, bo, cfg.num_heads,
                 cfg.scale, cfg.causal, cfg.normalize_before, cfg.eps, a.p, a.seed, a.offset, d.p, d.seed, d.offset)
-            ctx.save_for_backward(x, memory, ln_weight, ln_bias, wq, wk, wv, wo, s, mean, rstd, q, k, v, y, dropped)
+            ctx.save_for_backward(x, memory, ln_weight, ln_bias, wq, bq, wk, bk, wv, bv, wo, s, mean, rstd, y, dropped)
             return out_y
         ops = _backend.ops()
         Tq, B, E = x.shape
