@@ -5,12 +5,16 @@
 // host path decides a step's speed on a GPU. Here the GEMMs and views are ATen calls and the fused ops are
 // reached through the dispatcher's typed handles (no boxing), so the blocks are device-agnostic
 // (CompositeExplicitAutograd: whatever device the fused ops have kernels for) and the CUDA sources stay
-// plain CUDA. The autograd node stays the Python Function (ops/blocks/*.py), which saves what these return.
+// plain CUDA. The autograd nodes are C++ too (attention_block, ffn_block below: torch::autograd::Function),
+// so a training step calls one op per sublayer from Python and its backward never enters Python; only the
+// SDPA attention path keeps a Python Function (ops/blocks/attention.py).
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/LegacyTypeDispatch.h>
+#include <torch/csrc/autograd/custom_function.h>
 #include <torch/library.h>
 
+#include <string>
 #include <tuple>
 
 namespace fls {
@@ -288,9 +292,139 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> ffn_block_bwd
   return {dx, dln_w, dln_b, dw1, db1, dw2, db2};
 }
 
+// ---- The autograd nodes ------------------------------------------------------------------------------------
+// One node per sublayer: forward runs *_block_fwd and saves what *_block_bwd takes; the scalar arguments
+// live in saved_data. backward returns one gradient per forward argument (undefined for the mask and the
+// scalars). Both call the *_block_fwd/_bwd ops through the dispatcher (one hop each), so that they stay
+// whole ops to whatever intercepts calls below autograd (a TorchDispatchMode, the profiler).
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+struct AttentionBlockNode : public torch::autograd::Function<AttentionBlockNode> {
+  static Tensor forward(AutogradContext* ctx, const Tensor& x, const std::optional<Tensor>& memory,
+                        const std::optional<Tensor>& key_padding_mask, const Tensor& ln_weight, const Tensor& ln_bias,
+                        const Tensor& wq, const Tensor& bq, const Tensor& wk, const Tensor& bk, const Tensor& wv,
+                        const Tensor& bv, const Tensor& wo, const Tensor& bo, int64_t num_heads, double scale,
+                        bool causal, bool normalize_before, double eps, double attn_p, int64_t attn_seed,
+                        int64_t attn_offset, double p, int64_t seed, int64_t offset) {
+    const at::AutoDispatchBelowADInplaceOrView below_autograd;
+    FLS_OP(fwd, "attention_block_fwd", decltype(attention_block_fwd));
+    auto [y, s, mean, rstd, probs, dropped] =
+        fwd.call(x, memory, key_padding_mask, ln_weight, ln_bias, wq, bq, wk, bk, wv, bv, wo, bo, num_heads,
+                            scale, causal, normalize_before, eps, attn_p, attn_seed, attn_offset, p, seed, offset);
+    ctx->save_for_backward({x, memory.value_or(Tensor()), ln_weight, ln_bias, wq, bq, wk, bk, wv, bv, wo, s, mean,
+                            rstd, probs, dropped});
+    auto& d = ctx->saved_data;
+    d["num_heads"] = num_heads, d["scale"] = scale, d["normalize_before"] = normalize_before, d["eps"] = eps;
+    d["attn_p"] = attn_p, d["attn_seed"] = attn_seed, d["attn_offset"] = attn_offset;
+    d["p"] = p, d["seed"] = seed, d["offset"] = offset;
+    return y;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const variable_list t = ctx->get_saved_variables();
+    const auto& d = ctx->saved_data;
+    const std::optional<Tensor> memory = t[1].defined() ? std::optional<Tensor>(t[1]) : std::nullopt;
+    const std::optional<Tensor> s = t[11].defined() ? std::optional<Tensor>(t[11]) : std::nullopt;
+    const at::AutoDispatchBelowADInplaceOrView below_autograd;
+    FLS_OP(bwd, "attention_block_bwd", decltype(attention_block_bwd));
+    auto [dx, dmemory, dln_w, dln_b, dwq, dbq, dwk, dbk, dwv, dbv, dwo, dbo] = bwd.call(
+        grads[0].contiguous(), t[0], memory, t[2], t[3], t[4], t[5], t[6], t[7], t[8], t[9], t[10], s, t[12], t[13],
+        t[14], t[15], d.at("num_heads").toInt(), d.at("scale").toDouble(), d.at("normalize_before").toBool(),
+        d.at("eps").toDouble(), d.at("attn_p").toDouble(), d.at("attn_seed").toInt(), d.at("attn_offset").toInt(),
+        d.at("p").toDouble(), d.at("seed").toInt(), d.at("offset").toInt());
+    variable_list out = {dx, dmemory, Tensor(), dln_w, dln_b, dwq, dbq, dwk, dbk, dwv, dbv, dwo, dbo};
+    out.resize(24);  // the 11 scalar arguments
+    return out;
+  }
+};
+
+struct FeedForwardBlockNode : public torch::autograd::Function<FeedForwardBlockNode> {
+  static Tensor forward(AutogradContext* ctx, const Tensor& x, const Tensor& ln_weight, const Tensor& ln_bias,
+                        const Tensor& w1, const Tensor& b1, const Tensor& w2, const Tensor& b2, c10::string_view act,
+                        bool normalize_before, double eps, double act_p, int64_t act_seed, int64_t act_offset,
+                        double p, int64_t seed, int64_t offset) {
+    const at::AutoDispatchBelowADInplaceOrView below_autograd;
+    FLS_OP(fwd, "ffn_block_fwd", decltype(ffn_block_fwd));
+    auto [y, pre, s, mean, rstd] = fwd.call(x, ln_weight, ln_bias, w1, b1, w2, b2, act, normalize_before, eps,
+                                                 act_p, act_seed, act_offset, p, seed, offset);
+    ctx->save_for_backward({x, ln_weight, ln_bias, w1, b1, w2, pre, s, mean, rstd});
+    auto& d = ctx->saved_data;
+    d["act"] = std::string(act), d["normalize_before"] = normalize_before, d["eps"] = eps;
+    d["act_p"] = act_p, d["act_seed"] = act_seed, d["act_offset"] = act_offset;
+    d["p"] = p, d["seed"] = seed, d["offset"] = offset;
+    return y;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const variable_list t = ctx->get_saved_variables();
+    const auto& d = ctx->saved_data;
+    const std::optional<Tensor> s = t[7].defined() ? std::optional<Tensor>(t[7]) : std::nullopt;
+    const std::string act = d.at("act").toStringRef();
+    const at::AutoDispatchBelowADInplaceOrView below_autograd;
+    FLS_OP(bwd, "ffn_block_bwd", decltype(ffn_block_bwd));
+    auto [dx, dln_w, dln_b, dw1, db1, dw2, db2] = bwd.call(
+        grads[0].contiguous(), t[0], t[1], t[2], t[3], t[4], t[5], t[6], s, t[8], t[9], act,
+        d.at("normalize_before").toBool(), d.at("eps").toDouble(), d.at("act_p").toDouble(), d.at("act_seed").toInt(),
+        d.at("act_offset").toInt(), d.at("p").toDouble(), d.at("seed").toInt(), d.at("offset").toInt());
+    variable_list out = {dx, dln_w, dln_b, dw1, db1, dw2, db2};
+    out.resize(16);  // the 9 scalar arguments
+    return out;
+  }
+};
+
+Tensor attention_block(const Tensor& x, const std::optional<Tensor>& memory,
+                       const std::optional<Tensor>& key_padding_mask, const Tensor& ln_weight, const Tensor& ln_bias,
+                       const Tensor& wq, const Tensor& bq, const Tensor& wk, const Tensor& bk, const Tensor& wv,
+                       const Tensor& bv, const Tensor& wo, const Tensor& bo, int64_t num_heads, double scale,
+                       bool causal, bool normalize_before, double eps, double attn_p, int64_t attn_seed,
+                       int64_t attn_offset, double p, int64_t seed, int64_t offset) {
+  return AttentionBlockNode::apply(x, memory, key_padding_mask, ln_weight, ln_bias, wq, bq, wk, bk, wv, bv, wo, bo,
+                                   num_heads, scale, causal, normalize_before, eps, attn_p, attn_seed, attn_offset, p,
+                                   seed, offset);
+}
+
+// Below autograd (inference mode): the forward alone.
+Tensor attention_block_inference(const Tensor& x, const std::optional<Tensor>& memory,
+                                 const std::optional<Tensor>& key_padding_mask, const Tensor& ln_weight,
+                                 const Tensor& ln_bias, const Tensor& wq, const Tensor& bq, const Tensor& wk,
+                                 const Tensor& bk, const Tensor& wv, const Tensor& bv, const Tensor& wo,
+                                 const Tensor& bo, int64_t num_heads, double scale, bool causal, bool normalize_before,
+                                 double eps, double attn_p, int64_t attn_seed, int64_t attn_offset, double p,
+                                 int64_t seed, int64_t offset) {
+  return std::get<0>(attention_block_fwd(x, memory, key_padding_mask, ln_weight, ln_bias, wq, bq, wk, bk, wv, bv, wo,
+                                         bo, num_heads, scale, causal, normalize_before, eps, attn_p, attn_seed,
+                                         attn_offset, p, seed, offset));
+}
+
+Tensor ffn_block(const Tensor& x, const Tensor& ln_weight, const Tensor& ln_bias, const Tensor& w1, const Tensor& b1,
+                 const Tensor& w2, const Tensor& b2, c10::string_view act, bool normalize_before, double eps,
+                 double act_p, int64_t act_seed, int64_t act_offset, double p, int64_t seed, int64_t offset) {
+  return FeedForwardBlockNode::apply(x, ln_weight, ln_bias, w1, b1, w2, b2, act, normalize_before, eps, act_p,
+                                     act_seed, act_offset, p, seed, offset);
+}
+
+Tensor ffn_block_inference(const Tensor& x, const Tensor& ln_weight, const Tensor& ln_bias, const Tensor& w1,
+                           const Tensor& b1, const Tensor& w2, const Tensor& b2, c10::string_view act,
+                           bool normalize_before, double eps, double act_p, int64_t act_seed, int64_t act_offset,
+                           double p, int64_t seed, int64_t offset) {
+  return std::get<0>(ffn_block_fwd(x, ln_weight, ln_bias, w1, b1, w2, b2, act, normalize_before, eps, act_p, act_seed,
+                                   act_offset, p, seed, offset));
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(fairseq_lightseq, m) {
+  m.def(
+      "attention_block(Tensor x, Tensor? memory, Tensor? key_padding_mask, Tensor ln_weight, Tensor ln_bias, "
+      "Tensor wq, Tensor bq, Tensor wk, Tensor bk, Tensor wv, Tensor bv, Tensor wo, Tensor bo, int num_heads, "
+      "float scale, bool causal, bool normalize_before, float eps, float attn_p, int attn_seed, int attn_offset, "
+      "float p, int seed, int offset) -> Tensor");
+  m.def(
+      "ffn_block(Tensor x, Tensor ln_weight, Tensor ln_bias, Tensor w1, Tensor b1, Tensor w2, Tensor b2, str act, "
+      "bool normalize_before, float eps, float act_p, int act_seed, int act_offset, float p, int seed, int offset) "
+      "-> Tensor");
   m.def(
       "attention_block_fwd(Tensor x, Tensor? memory, Tensor? key_padding_mask, Tensor ln_weight, Tensor ln_bias, "
       "Tensor wq, Tensor bq, Tensor wk, Tensor bk, Tensor wv, Tensor bv, Tensor wo, Tensor bo, int num_heads, "
@@ -321,6 +455,14 @@ TORCH_LIBRARY_IMPL(fairseq_lightseq, CompositeExplicitAutograd, m) {
   m.impl("attention_block_bwd", &attention_block_bwd);
   m.impl("ffn_block_fwd", &ffn_block_fwd);
   m.impl("ffn_block_bwd", &ffn_block_bwd);
+  m.impl("attention_block", &attention_block_inference);
+  m.impl("ffn_block", &ffn_block_inference);
+}
+
+// The one-node sublayers: C++ autograd nodes (the forward and backward never enter Python).
+TORCH_LIBRARY_IMPL(fairseq_lightseq, Autograd, m) {
+  m.impl("attention_block", &attention_block);
+  m.impl("ffn_block", &ffn_block);
 }
 
 }  // namespace fls

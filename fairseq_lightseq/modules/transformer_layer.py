@@ -11,8 +11,8 @@ chain of small ops with the fused ones (post-LN shown; pre-LN moves the layer no
     x = bias_dropout_residual(fc2(h) without bias, fc2.bias, x);  x = layer_norm(x)
 
 Training and evaluation without incremental state run each sublayer as one autograd node
-(ops.AttentionBlockFunction, ops.FeedForwardBlockFunction): one Python frame per sublayer forward
-and backward instead of ~20 autograd nodes, which decides the host time per step. The per-op chain
+(ops.blocks.attention_block, ops.blocks.feed_forward_block: C++ autograd nodes, so backward never enters
+Python) instead of ~20 autograd nodes, which decides the host time per step. The per-op chain
 above is the same arithmetic and serves incremental decoding, attention weights, autocast and
 devices/dtypes without compiled kernels.
 
@@ -31,7 +31,7 @@ from fairseq.modules import FairseqDropout
 
 from .. import ops
 from ..ops import _backend
-from ..ops.blocks import AttentionBlockConfig, AttentionBlockFunction, FeedForwardBlockConfig, FeedForwardBlockFunction
+from ..ops.blocks import AttentionBlockConfig, FeedForwardBlockConfig, attention_block, feed_forward_block
 from ..ops.reference.dropout import ACTIVATIONS
 from ..sequence_parallel.attention import sharded_attention
 from ..sequence_parallel.sharding import Shard
@@ -116,8 +116,8 @@ class _TransformerLayerBase(nn.Module):
             _backend.draw(attn.dropout_module.p, attn.dropout_active, seed, site), self._draw(self.dropout_module.p, seed, site + 1),
             use_sdpa(x) and ops.blocks.attention.sdpa_supported(causal, x.shape[0], Tk))
         q, k, v, o = attn.q_proj, attn.k_proj, attn.v_proj, attn.out_proj
-        return AttentionBlockFunction.apply(x, memory, key_padding_mask, ln.weight, ln.bias, q.weight, q.bias,
-                                            k.weight, k.bias, v.weight, v.bias, o.weight, o.bias, cfg)
+        return attention_block(x, memory, key_padding_mask, ln.weight, ln.bias, q.weight, q.bias, k.weight, k.bias,
+                               v.weight, v.bias, o.weight, o.bias, cfg)
 
     def _ffn_block(self, x: Tensor, seed: Optional[int], site: int, shard: Optional[Shard] = None) -> Tensor:
         ln = self.final_layer_norm
@@ -125,8 +125,8 @@ class _TransformerLayerBase(nn.Module):
                                      self._draw(self.activation_dropout_module.p, seed, site, shard, x, self.fc1.out_features),
                                      self._draw(self.dropout_module.p, seed, site + 1, shard, x), self.normalize_before,
                                      ln.eps)
-        return FeedForwardBlockFunction.apply(x, ln.weight, ln.bias, self.fc1.weight, self.fc1.bias,
-                                              self.fc2.weight, self.fc2.bias, cfg)
+        return feed_forward_block(x, ln.weight, ln.bias, self.fc1.weight, self.fc1.bias, self.fc2.weight,
+                                  self.fc2.bias, cfg)
 
     # ---- the per-op chain -----------------------------------------------------------------------
 

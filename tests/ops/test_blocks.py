@@ -1,4 +1,4 @@
-"""The one-node sublayers (ops.AttentionBlockFunction, ops.FeedForwardBlockFunction): gradcheck in
+"""The one-node sublayers (ops.blocks.attention_block, ops.blocks.feed_forward_block): gradcheck in
 float64, and forward/backward equal to the per-op chain (the layers' other path) with the same
 dropout draws, for self- and encoder-decoder attention, pre- and post-LN, masks and dropout."""
 import pytest
@@ -8,8 +8,7 @@ from support.tensors import DEVICE_DTYPES, assert_close, randn
 from fairseq_lightseq import ops
 from fairseq_lightseq.modules import LSTransformerDecoderLayer, LSTransformerEncoderLayer
 from fairseq_lightseq.modules import multihead_attention
-from fairseq_lightseq.ops.blocks import AttentionBlockConfig, AttentionBlockFunction, FeedForwardBlockConfig
-from fairseq_lightseq.ops.blocks import FeedForwardBlockFunction
+from fairseq_lightseq.ops.blocks import AttentionBlockConfig, FeedForwardBlockConfig, attention_block, feed_forward_block
 
 SEED = 987654321
 
@@ -51,7 +50,7 @@ def test_attention_block_gradcheck(cross, normalize_before, sdpa):
     inputs = [t.requires_grad_() if t is not None else None for t in inputs]
 
     def f(x, memory, *ps):
-        return AttentionBlockFunction.apply(x, memory, mask, *ps, cfg)
+        return attention_block(x, memory, mask, *ps, cfg)
 
     assert torch.autograd.gradcheck(f, inputs)
 
@@ -69,7 +68,7 @@ def test_feed_forward_block_gradcheck(normalize_before, act):
     cfg = FeedForwardBlockConfig(act, ops.draw(0.3, True, SEED, 3), ops.draw(0.2, True, SEED, 4), normalize_before,
                                  1e-5)
     inputs = [t.requires_grad_() for t in [x] + ps]
-    assert torch.autograd.gradcheck(lambda *a: FeedForwardBlockFunction.apply(*a, cfg), inputs)
+    assert torch.autograd.gradcheck(lambda *a: feed_forward_block(*a, cfg), inputs)
 
 
 def _layer_pair(cls, seed=0, **kw):

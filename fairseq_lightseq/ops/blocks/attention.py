@@ -94,27 +94,35 @@ def sdpa_supported(causal: bool, Tq: int, Tk: int) -> bool:
     return not causal or Tq == Tk or Tq == 1
 
 
-class AttentionBlockFunction(torch.autograd.Function):
-    """apply(x, memory, key_padding_mask, ln_weight, ln_bias, wq, bq, wk, bk, wv, bv, wo, bo, cfg).
+def attention_block(x, memory, key_padding_mask, ln_weight, ln_bias, wq, bq, wk, bk, wv, bv, wo, bo,
+                    cfg: AttentionBlockConfig) -> torch.Tensor:
+    """The attention sublayer as one autograd node.
 
     x: [Tq, B, E] the block input (the residual); memory: [Tk, B, Ek] for encoder-decoder attention
     (keys and values projected from it, never normalised), None for self-attention (from the
     normalised x, one [3E, E] GEMM); key_padding_mask: [B, Tk] bool (True = pad) or None;
     ln_*: [E]; wq: [E, E], wk, wv: [E, Ek], biases [E], wo: [E, E]; one dtype for all; cfg:
     AttentionBlockConfig. Returns [Tq, B, E]: post-LN LN(x + dropout(attn + bo)), pre-LN
-    x + dropout(attn(LN(x)) + bo)."""
+    x + dropout(attn(LN(x)) + bo).
+
+    The explicit attention is the compiled op `attention_block`, whose autograd node is C++
+    (csrc/ops/blocks.cpp): its forward and backward never enter Python. SDPA runs AttentionBlockFunction."""
+    if cfg.sdpa:
+        return AttentionBlockFunction.apply(x, memory, key_padding_mask, ln_weight, ln_bias, wq, bq, wk, bk, wv, bv,
+                                            wo, bo, cfg)
+    a, d = cfg.attn_dropout, cfg.dropout
+    return _backend.ops().attention_block(x, memory, key_padding_mask, ln_weight, ln_bias, wq, bq, wk, bk, wv, bv, wo,
+                                          bo, cfg.num_heads, cfg.scale, cfg.causal, cfg.normalize_before, cfg.eps,
+                                          a.p, a.seed, a.offset, d.p, d.seed, d.offset)
+
+
+class AttentionBlockFunction(torch.autograd.Function):
+    """The SDPA path of attention_block (same arguments): apply(x, memory, key_padding_mask, ln_weight, ln_bias,
+    wq, bq, wk, bk, wv, bv, wo, bo, cfg) with cfg.sdpa set."""
 
     @staticmethod
     def forward(ctx, x, memory, key_padding_mask, ln_weight, ln_bias, wq, bq, wk, bk, wv, bv, wo, bo, cfg):
         ctx.cfg = cfg
-        if not cfg.sdpa:
-            # The explicit path is one compiled op (csrc/ops/blocks.cpp): no Python per tensor call.
-            a, d = cfg.attn_dropout, cfg.dropout
-            out_y, s, mean, rstd, y, dropped = _backend.ops().attention_block_fwd(
-                x, memory, key_padding_mask, ln_weight, ln_bias, wq, bq, wk, bk, wv, bv, wo, bo, cfg.num_heads,
-                cfg.scale, cfg.causal, cfg.normalize_before, cfg.eps, a.p, a.seed, a.offset, d.p, d.seed, d.offset)
-            ctx.save_for_backward(x, memory, ln_weight, ln_bias, wq, bq, wk, bk, wv, bv, wo, s, mean, rstd, y, dropped)
-            return out_y
         ops = _backend.ops()
         Tq, B, E = x.shape
         H = cfg.num_heads
@@ -143,12 +151,6 @@ class AttentionBlockFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy):
         cfg = ctx.cfg
-        if not cfg.sdpa:
-            a, d = cfg.attn_dropout, cfg.dropout
-            dx, dmemory, *grads = _backend.ops().attention_block_bwd(
-                dy, *ctx.saved_tensors, cfg.num_heads, cfg.scale, cfg.normalize_before, cfg.eps, a.p, a.seed,
-                a.offset, d.p, d.seed, d.offset)
-            return (dx, dmemory, None, *grads, None)
         ops = _backend.ops()
         x, memory, ln_weight, ln_bias, wq, wk, wv, wo, s, mean, rstd = ctx.saved_tensors
         Tq, B, E = x.shape

@@ -1,9 +1,9 @@
 """A whole feed-forward sublayer as ONE autograd node: [layer norm] -> fc1 GEMM -> bias + activation
 + dropout -> fc2 GEMM -> bias + dropout + residual -> [layer norm].
 
-One node whose forward and backward are one compiled op each (`ffn_block_fwd`/`ffn_block_bwd`,
-csrc/ops/blocks.cpp: the GEMMs and the fused ops called from C++), for the reason given in
-ops/blocks/attention.py (host time per autograd node and per Python tensor call). Saved for backward: the block input, the fc1 output (the
+One C++ autograd node (op `ffn_block`) whose forward and backward are one compiled function each
+(`ffn_block_fwd`/`ffn_block_bwd`, csrc/ops/blocks.cpp: the GEMMs and the fused ops called from C++), for the reason
+given in ops/blocks/attention.py (host time per autograd node and per Python tensor call). Saved for backward: the block input, the fc1 output (the
 activation's input) and the layer norm statistics (post-LN: its input too). The activation output
 (the fc2 input, 4x the hidden size at the usual FFN width) is recomputed in backward by one
 memory-bound kernel instead of being stored, and a pre-LN block recomputes its normalised input.
@@ -31,24 +31,10 @@ class FeedForwardBlockConfig(NamedTuple):
 OPS = ("layer_norm_fwd", "bias_act_dropout_fwd", "bias_dropout_residual_fwd")
 
 
-class FeedForwardBlockFunction(torch.autograd.Function):
-    """apply(x, ln_weight, ln_bias, w1, b1, w2, b2, cfg). x: [T, B, E]; ln_*: [E]; w1: [F, E];
-    b1: [F]; w2: [E, F]; b2: [E]; one dtype; cfg: FeedForwardBlockConfig. Returns [T, B, E]:
-    post-LN LN(x + dropout(fc2(act_dropout(fc1(x))))), pre-LN x + dropout(fc2(...(LN(x))))."""
-
-    @staticmethod
-    def forward(ctx, x, ln_weight, ln_bias, w1, b1, w2, b2, cfg):
-        a, d = cfg.act_dropout, cfg.dropout
-        y, pre, s, mean, rstd = _backend.ops().ffn_block_fwd(x, ln_weight, ln_bias, w1, b1, w2, b2, cfg.act,
-                                                             cfg.normalize_before, cfg.eps, a.p, a.seed, a.offset,
-                                                             d.p, d.seed, d.offset)
-        ctx.save_for_backward(x, ln_weight, ln_bias, w1, b1, w2, pre, s, mean, rstd)
-        ctx.cfg = cfg
-        return y
-
-    @staticmethod
-    def backward(ctx, dy):
-        cfg = ctx.cfg
-        a, d = cfg.act_dropout, cfg.dropout
-        return (*_backend.ops().ffn_block_bwd(dy, *ctx.saved_tensors, cfg.act, cfg.normalize_before, cfg.eps, a.p,
-                                              a.seed, a.offset, d.p, d.seed, d.offset), None)
+def feed_forward_block(x, ln_weight, ln_bias, w1, b1, w2, b2, cfg: FeedForwardBlockConfig) -> torch.Tensor:
+    """x: [T, B, E]; ln_*: [E]; w1: [F, E]; b1: [F]; w2: [E, F]; b2: [E]; one dtype; cfg:
+    FeedForwardBlockConfig. Returns [T, B, E]: post-LN LN(x + dropout(fc2(act_dropout(fc1(x))))), pre-LN
+    x + dropout(fc2(...(LN(x)))). One compiled op whose autograd node is C++ (csrc/ops/blocks.cpp)."""
+    a, d = cfg.act_dropout, cfg.dropout
+    return _backend.ops().ffn_block(x, ln_weight, ln_bias, w1, b1, w2, b2, cfg.act, cfg.normalize_before, cfg.eps,
+                                    a.p, a.seed, a.offset, d.p, d.seed, d.offset)
