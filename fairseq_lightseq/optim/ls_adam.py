@@ -237,8 +237,12 @@ class LSAdam(FairseqOptimizer):
             super().multiply_grads(c)
 
     def zero_grad(self):
+        """fairseq's zero_grad (grads set to None) in one pass: FairseqOptimizer's also calls the torch
+        optimizer's zero_grad, a second loop over every param finding nothing left to clear."""
         self._pending_factor = 1.0
-        super().zero_grad()
+        for group in self._optimizer.param_groups:
+            for p in group["params"]:
+                p.grad = None
 
     def step(self, closure=None, scale=1.0, groups=None):
         """fairseq's step (grads divided by `scale`) with the pending factor folded into that division:

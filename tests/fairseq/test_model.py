@@ -313,3 +313,30 @@ def test_autocast_is_as_close_to_fp32_as_fairseq(name):
     for n in names:
         assert float(torch.nn.functional.cosine_similarity(g[n].flatten().double(), g32[n].flatten().double(),
                                                            dim=0)) > 0.99, n
+
+
+def test_train_and_eval_set_every_submodule_as_nn_module_does():
+    """LSTransformerModel.train (a walk without nn.Module's per-module overhead) leaves every submodule
+    in the mode nn.Module.train would, and calls a submodule's own train() override."""
+    class Recorder(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.child = torch.nn.Linear(2, 2)
+            self.calls = []
+
+        def train(self, mode=True):
+            self.calls.append(mode)
+            return super().train(mode)
+
+    task = make_task()
+    _, model = pair(task)
+    model.decoder.layers[0].recorder = Recorder()
+    model.encoder.layers[1].fc1.eval()  # one submodule out of step with the rest
+    for mode in (True, False, True):
+        assert model.train(mode) is model
+        assert all(m.training == mode for m in model.modules())
+    assert model.decoder.layers[0].recorder.calls == [True, False, True]
+    model.eval()
+    assert not any(m.training for m in model.modules())
+    with pytest.raises(ValueError, match="boolean"):
+        model.train("yes")
