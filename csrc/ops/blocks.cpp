@@ -11,6 +11,7 @@
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/LegacyTypeDispatch.h>
+#include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/library.h>
 
@@ -168,6 +169,29 @@ Tensor3 project_qkv(const Tensor& h2, const std::optional<Tensor>& memory, const
   return {q, to_heads(kv.slice(2, 0, E), H), to_heads(kv.slice(2, E, 2 * E), H)};
 }
 
+// Backward of project_qkv: dq [B*H, Tq, hd], dk, dv [B*H, Tk, hd] -> (dh2 [Tq*B, E], dmemory (undefined for
+// self-attention), dwq, dbq, dwk, dbk, dwv, dbv).
+std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> project_qkv_bwd(
+    const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& h2, const std::optional<Tensor>& memory,
+    const Tensor& wq, const Tensor& wk, const Tensor& wv, int64_t H) {
+  const int64_t E = wq.size(0);
+  if (!memory.has_value()) {
+    auto [dqkv, dbqkv] = qkv_split_bwd(dq, dk, dv, H);
+    dqkv = dqkv.view({-1, 3 * E});
+    const auto dw = at::mm(dqkv.t(), h2).split(E);
+    const auto db = dbqkv.split(E);
+    return {at::mm(dqkv, at::cat({wq, wk, wv})), Tensor(), dw[0], db[0], dw[1], db[1], dw[2], db[2]};
+  }
+  const Tensor& m = *memory;
+  const int64_t Tk = m.size(0);
+  const Tensor dq2 = from_heads(dq, H);
+  const Tensor dkv = at::cat({from_heads(dk, H), from_heads(dv, H)}, 1);  // [Tk*B, 2E]
+  const auto dw = at::mm(dkv.t(), m.reshape({Tk * m.size(1), -1})).split(E);
+  const auto db = dkv.sum(0).split(E);
+  return {at::mm(dq2, wq), at::mm(dkv, at::cat({wk, wv})).view(m.sizes()), at::mm(dq2.t(), h2), dq2.sum(0),
+          dw[0], db[0], dw[1], db[1]};
+}
+
 // See ops/blocks/attention.py (AttentionBlockFunction) for the arguments. Returns (y, s, mean, rstd, probs,
 // dropped): s is undefined for pre-LN; probs [B, H, Tq, Tk] the softmax output; dropped the dropped
 // probabilities (empty without dropout).
@@ -226,27 +250,7 @@ attention_block_bwd(const Tensor& dy, const Tensor& x, const std::optional<Tenso
                                              dropped.numel() > 0, scale, attn_p, attn_seed, attn_offset);
   const Tensor dq = at::bmm(dscores, k), dk = at::bmm(dscores.transpose(1, 2), q);
   Tensor dh, dmemory, dwq, dbq, dwk, dbk, dwv, dbv;
-  if (!memory.has_value()) {
-    Tensor dqkv, dbqkv;
-    std::tie(dqkv, dbqkv) = qkv_split_bwd(dq, dk, dv, H);
-    dqkv = dqkv.view({Tq * B, 3 * E});
-    const auto dw = at::mm(dqkv.t(), h2).split(E);
-    const auto db = dbqkv.split(E);
-    dh = at::mm(dqkv, at::cat({wq, wk, wv}));
-    dwq = dw[0], dwk = dw[1], dwv = dw[2], dbq = db[0], dbk = db[1], dbv = db[2];
-  } else {
-    const Tensor& m = *memory;
-    const int64_t Tk = m.size(0);
-    const Tensor dq2 = from_heads(dq, H);
-    dwq = at::mm(dq2.t(), h2);
-    dbq = dq2.sum(0);
-    dh = at::mm(dq2, wq);
-    const Tensor dkv = at::cat({from_heads(dk, H), from_heads(dv, H)}, 1);  // [Tk*B, 2E]
-    const auto dw = at::mm(dkv.t(), m.reshape({Tk * B, -1})).split(E);
-    const auto db = dkv.sum(0).split(E);
-    dwk = dw[0], dwv = dw[1], dbk = db[0], dbv = db[1];
-    dmemory = at::mm(dkv, at::cat({wk, wv})).view(m.sizes());
-  }
+  std::tie(dh, dmemory, dwq, dbq, dwk, dbk, dwv, dbv) = project_qkv_bwd(dq, dk, dv, h2, memory, wq, wk, wv, H);
   const Tensor dx =
       norm_bwd_end(ds, dh.view({Tq, B, E}), x, ln_weight, mean, rstd, normalize_before, dln_w, dln_b);
   return {dx, dmemory, dln_w, dln_b, dwq, dbq, dwk, dbk, dwv, dbv, dwo, dbo};
@@ -374,6 +378,129 @@ struct FeedForwardBlockNode : public torch::autograd::Function<FeedForwardBlockN
   }
 };
 
+// The SDPA attention (torch's fused scaled_dot_product_attention: CUDA's path) as a node of its own. SDPA
+// runs on detached leaf copies of q, k, v in a small graph of its own, recorded in forward; backward asks
+// torch::autograd::grad for SDPA's own backward through it (whichever kernel SDPA picked). Saved: the block
+// input, the norm's statistics (post-LN: its input), and that graph (SDPA keeps q, k, v, its output and
+// logsumexp); the merged heads are rebuilt from SDPA's output. SDPA's dropout draws from torch's generator.
+
+// SDPA's boolean attend-mask [B, 1, Tq, Tk] (True = attend) and is_causal flag: the Python _sdpa_mask
+// (ops/blocks/attention.py), which says why a row with no key attends to itself.
+std::pair<std::optional<Tensor>, bool> sdpa_mask(const std::optional<Tensor>& key_padding_mask, bool causal,
+                                                 int64_t Tq, int64_t Tk) {
+  if (!key_padding_mask.has_value()) return {std::nullopt, causal && Tq > 1};
+  const Tensor& kpm = *key_padding_mask;
+  const Tensor keep = kpm.view({kpm.size(0), 1, 1, Tk}).to(at::kBool).logical_not();
+  if (!causal) return {keep, false};
+  const auto opts = keep.options();
+  const Tensor mask = at::ones({Tq, Tk}, opts).tril(Tk - Tq).logical_and(keep);
+  const Tensor diag = at::eye(Tq, Tk, opts);
+  return {mask.logical_or(diag.logical_and(mask.any(-1, true).logical_not())), false};
+}
+
+// The forward of the SDPA block; record: run SDPA on leaf copies of q, k, v with grad mode on, and return
+// them and its output (for backward) in o, qs, ks, vs. s, mean, rstd: as attention_block_fwd's.
+Tensor sdpa_block_fwd(const Tensor& x, const std::optional<Tensor>& memory,
+                      const std::optional<Tensor>& key_padding_mask, const Tensor& ln_weight, const Tensor& ln_bias,
+                      const Tensor& wq, const Tensor& bq, const Tensor& wk, const Tensor& bk, const Tensor& wv,
+                      const Tensor& bv, const Tensor& wo, const Tensor& bo, int64_t num_heads, double scale,
+                      bool causal, bool normalize_before, double eps, double attn_p, double p, int64_t seed,
+                      int64_t offset, bool record, Tensor& s, Tensor& mean, Tensor& rstd, Tensor& o, Tensor& qs,
+                      Tensor& ks, Tensor& vs) {
+  TORCH_CHECK(x.dim() == 3, "attention_block_sdpa: x must be [T, B, E], got ", x.sizes());
+  const int64_t Tq = x.size(0), B = x.size(1), E = x.size(2), H = num_heads;
+  TORCH_CHECK(H > 0 && E % H == 0, "attention_block_sdpa: num_heads = ", H, " must divide E = ", E);
+  Tensor q, k, v;
+  {
+    const at::AutoDispatchBelowADInplaceOrView below_autograd;
+    const Tensor h2 = norm_start(x, ln_weight, ln_bias, normalize_before, eps, mean, rstd).reshape({Tq * B, E});
+    std::tie(q, k, v) = project_qkv(h2, memory, wq, bq, wk, bk, wv, bv, Tq, B, H);
+  }
+  const int64_t Tk = k.size(1), hd = E / H;
+  {
+    const at::AutoGradMode grad_mode(record);
+    qs = q.view({B, H, Tq, hd}).detach().requires_grad_(record);
+    ks = k.view({B, H, Tk, hd}).detach().requires_grad_(record);
+    vs = v.view({B, H, Tk, hd}).detach().requires_grad_(record);
+    const auto [mask, is_causal] = sdpa_mask(key_padding_mask, causal, Tq, Tk);
+    o = at::scaled_dot_product_attention(qs, ks, vs, mask, attn_p, is_causal, scale);
+  }
+  const at::AutoDispatchBelowADInplaceOrView below_autograd;
+  const Tensor out = at::mm(o.detach().permute({2, 0, 1, 3}).reshape({Tq * B, E}), wo.t()).view({Tq, B, E});
+  return norm_end(out, bo, x, p, seed, offset, ln_weight, ln_bias, normalize_before, eps, s, mean, rstd);
+}
+
+struct SdpaAttentionBlockNode : public torch::autograd::Function<SdpaAttentionBlockNode> {
+  static Tensor forward(AutogradContext* ctx, const Tensor& x, const std::optional<Tensor>& memory,
+                        const std::optional<Tensor>& key_padding_mask, const Tensor& ln_weight, const Tensor& ln_bias,
+                        const Tensor& wq, const Tensor& bq, const Tensor& wk, const Tensor& bk, const Tensor& wv,
+                        const Tensor& bv, const Tensor& wo, const Tensor& bo, int64_t num_heads, double scale,
+                        bool causal, bool normalize_before, double eps, double attn_p, double p, int64_t seed,
+                        int64_t offset) {
+    Tensor s, mean, rstd, o, qs, ks, vs;
+    const Tensor y = sdpa_block_fwd(x, memory, key_padding_mask, ln_weight, ln_bias, wq, bq, wk, bk, wv, bv, wo, bo,
+                                    num_heads, scale, causal, normalize_before, eps, attn_p, p, seed, offset,
+                                    /*record=*/true, s, mean, rstd, o, qs, ks, vs);
+    ctx->save_for_backward({x, memory.value_or(Tensor()), ln_weight, ln_bias, wq, bq, wk, bk, wv, bv, wo, s, mean,
+                            rstd});
+    auto& d = ctx->saved_data;
+    d["o"] = o, d["qs"] = qs, d["ks"] = ks, d["vs"] = vs;
+    d["num_heads"] = num_heads, d["normalize_before"] = normalize_before, d["eps"] = eps;
+    d["p"] = p, d["seed"] = seed, d["offset"] = offset;
+    return y;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const variable_list t = ctx->get_saved_variables();
+    auto& d = ctx->saved_data;
+    const Tensor &x = t[0], &ln_weight = t[2], &ln_bias = t[3], &wq = t[4], &wk = t[6], &wv = t[8], &wo = t[10];
+    const std::optional<Tensor> memory = t[1].defined() ? std::optional<Tensor>(t[1]) : std::nullopt;
+    const Tensor o = d.at("o").toTensor();
+    const int64_t Tq = x.size(0), B = x.size(1), E = x.size(2), H = d.at("num_heads").toInt(), hd = E / H;
+    const bool pre_ln = d.at("normalize_before").toBool();
+    Tensor ds, dln_w, dln_b, dout, dbo, h, dctx;
+    {
+      const at::AutoDispatchBelowADInplaceOrView below_autograd;
+      h = norm_bwd_start(grads[0].contiguous(), x, t[11], ln_weight, ln_bias, t[12], t[13], pre_ln,
+                         d.at("eps").toDouble(), ds, dln_w, dln_b);
+      std::tie(dout, dbo) = bdr_bwd(ds, d.at("p").toDouble(), d.at("seed").toInt(), d.at("offset").toInt());
+      // [Tq, B, H, hd] as SDPA's [B, H, Tq, hd]
+      dctx = at::mm(dout.view({Tq * B, E}), wo).view({Tq, B, H, hd}).permute({1, 2, 0, 3}).contiguous();
+    }
+    // retain_graph: a second backward through the outer graph (retain_graph there) needs it again; it is
+    // freed with this node.
+    const variable_list dqkv = torch::autograd::grad({o}, {d.at("qs").toTensor(), d.at("ks").toTensor(),
+                                                          d.at("vs").toTensor()}, {dctx}, /*retain_graph=*/true);
+    const at::AutoDispatchBelowADInplaceOrView below_autograd;
+    const Tensor dout2 = dout.view({Tq * B, E});
+    const Tensor dwo = at::mm(dout2.t(), o.detach().permute({2, 0, 1, 3}).reshape({Tq * B, E}));
+    const Tensor h2 = h.reshape({Tq * B, E});
+    auto [dh, dmemory, dwq, dbq, dwk, dbk, dwv, dbv] =
+        project_qkv_bwd(dqkv[0].reshape({B * H, Tq, hd}), dqkv[1].reshape({B * H, -1, hd}),
+                        dqkv[2].reshape({B * H, -1, hd}), h2, memory, wq, wk, wv, H);
+    const Tensor dx = norm_bwd_end(ds, dh.view({Tq, B, E}), x, ln_weight, t[12], t[13], pre_ln, dln_w, dln_b);
+    variable_list out = {dx, dmemory, Tensor(), dln_w, dln_b, dwq, dbq, dwk, dbk, dwv, dbv, dwo, dbo};
+    out.resize(22);  // the 9 scalar arguments
+    return out;
+  }
+};
+
+Tensor attention_block_sdpa(const Tensor& x, const std::optional<Tensor>& memory,
+                            const std::optional<Tensor>& key_padding_mask, const Tensor& ln_weight,
+                            const Tensor& ln_bias, const Tensor& wq, const Tensor& bq, const Tensor& wk,
+                            const Tensor& bk, const Tensor& wv, const Tensor& bv, const Tensor& wo, const Tensor& bo,
+                            int64_t num_heads, double scale, bool causal, bool normalize_before, double eps,
+                            double attn_p, double p, int64_t seed, int64_t offset) {
+  if (!at::GradMode::is_enabled()) {  // no graph to record (evaluation): the forward alone
+    Tensor s, mean, rstd, o, qs, ks, vs;
+    return sdpa_block_fwd(x, memory, key_padding_mask, ln_weight, ln_bias, wq, bq, wk, bk, wv, bv, wo, bo, num_heads,
+                          scale, causal, normalize_before, eps, attn_p, p, seed, offset, false, s, mean, rstd, o, qs,
+                          ks, vs);
+  }
+  return SdpaAttentionBlockNode::apply(x, memory, key_padding_mask, ln_weight, ln_bias, wq, bq, wk, bk, wv, bv, wo,
+                                       bo, num_heads, scale, causal, normalize_before, eps, attn_p, p, seed, offset);
+}
+
 Tensor attention_block(const Tensor& x, const std::optional<Tensor>& memory,
                        const std::optional<Tensor>& key_padding_mask, const Tensor& ln_weight, const Tensor& ln_bias,
                        const Tensor& wq, const Tensor& bq, const Tensor& wk, const Tensor& bk, const Tensor& wv,
@@ -426,6 +553,11 @@ TORCH_LIBRARY_FRAGMENT(fairseq_lightseq, m) {
       "bool normalize_before, float eps, float act_p, int act_seed, int act_offset, float p, int seed, int offset) "
       "-> Tensor");
   m.def(
+      "attention_block_sdpa(Tensor x, Tensor? memory, Tensor? key_padding_mask, Tensor ln_weight, Tensor ln_bias, "
+      "Tensor wq, Tensor bq, Tensor wk, Tensor bk, Tensor wv, Tensor bv, Tensor wo, Tensor bo, int num_heads, "
+      "float scale, bool causal, bool normalize_before, float eps, float attn_p, float p, int seed, int offset) "
+      "-> Tensor");
+  m.def(
       "attention_block_fwd(Tensor x, Tensor? memory, Tensor? key_padding_mask, Tensor ln_weight, Tensor ln_bias, "
       "Tensor wq, Tensor bq, Tensor wk, Tensor bk, Tensor wv, Tensor bv, Tensor wo, Tensor bo, int num_heads, "
       "float scale, bool causal, bool normalize_before, float eps, float attn_p, int attn_seed, int attn_offset, "
@@ -457,12 +589,14 @@ TORCH_LIBRARY_IMPL(fairseq_lightseq, CompositeExplicitAutograd, m) {
   m.impl("ffn_block_bwd", &ffn_block_bwd);
   m.impl("attention_block", &attention_block_inference);
   m.impl("ffn_block", &ffn_block_inference);
+  m.impl("attention_block_sdpa", &attention_block_sdpa);  // below autograd: grad mode decides (off: forward only)
 }
 
 // The one-node sublayers: C++ autograd nodes (the forward and backward never enter Python).
 TORCH_LIBRARY_IMPL(fairseq_lightseq, Autograd, m) {
   m.impl("attention_block", &attention_block);
   m.impl("ffn_block", &ffn_block);
+  m.impl("attention_block_sdpa", &attention_block_sdpa);
 }
 
 }  // namespace fls

@@ -178,3 +178,26 @@ def test_explicit_blocks_run_their_compiled_ops(monkeypatch):
     assert sorted(calls) == sorted(["attention_block_fwd"] * 2 + ["attention_block_bwd"] * 2 + ["ffn_block_fwd",
                                                                                                "ffn_block_bwd"])
     assert not {"attention_softmax_fwd", "layer_norm_fwd", "mm", "bmm"} & set(rec.names)
+
+
+@pytest.mark.parametrize("sdpa", [False, True], ids=["explicit", "sdpa"])
+def test_attention_block_without_grad_and_twice_backward(sdpa):
+    """The block's compiled op under no_grad and inference_mode gives the training forward's output (no
+    graph recorded), and a second backward through a retained graph doubles every gradient."""
+    T, S, B, E, H = 5, 4, 2, 8, 2
+    x, memory, params = _attention_inputs(T, S, B, E, cross=True)
+    cfg = AttentionBlockConfig(H, (E // H) ** -0.5, False, False, 1e-5, ops.NO_DROPOUT, ops.draw(0.2, True, SEED, 2),
+                               sdpa)
+    mask = _mask(B, S)
+    inputs = [t.requires_grad_() for t in [x, memory] + params]
+    y = attention_block(inputs[0], inputs[1], mask, *inputs[2:], cfg)
+    with torch.no_grad():
+        y0 = attention_block(x, memory, mask, *params, cfg)
+    with torch.inference_mode():
+        y1 = attention_block(x, memory, mask, *params, cfg)
+    assert y0.grad_fn is None and torch.equal(y0, y.detach()) and torch.equal(y1, y.detach())
+    y.sum().backward(retain_graph=True)
+    first = [t.grad.clone() for t in inputs]
+    y.sum().backward()
+    for t, g in zip(inputs, first):
+        torch.testing.assert_close(t.grad, 2 * g)

@@ -5,12 +5,13 @@
 Why one node rather than the per-op Functions of ops/attention.py, ops/dropout.py, ops/layer_norm.py:
 on a GPU every autograd node, Python frame and dispatcher hop costs host time whatever the kernel's
 size, and a layer built from per-op Functions and `F.linear` records ~20 nodes (plus views, casts
-and their backward nodes). Here the explicit attention's forward and backward are one compiled op each
-(`attention_block_fwd`/`_bwd`, csrc/ops/blocks.cpp: the GEMMs, views and fused ops called from C++,
-about 1.5-5 us per tensor call less than from Python); the SDPA path (CUDA) runs in one Python frame
-that calls the GEMMs and `torch.ops.fairseq_lightseq.*` directly. The per-op Functions stay the reference for
-this composition (tests compare the two) and serve what this path does not (autocast, devices or
-dtypes without kernels, incremental decoding, attention weights).
+and their backward nodes). Here the block is one compiled op with a C++ autograd node
+(csrc/ops/blocks.cpp): `attention_block` (explicit attention; its forward and backward are the ops
+`attention_block_fwd`/`_bwd`) or `attention_block_sdpa` (torch SDPA, CUDA's path), the GEMMs, views and
+fused ops called from C++ (about 1.5-5 us per tensor call less than from Python), and backward never
+enters Python. The per-op Functions stay the reference for this composition (tests compare the two)
+and serve what this path does not (autocast, devices or dtypes without kernels, incremental decoding,
+attention weights).
 
 Saved for backward: the block input, the layer norm statistics (post-LN: its input too;
 pre-LN recomputes its normalised input), and, for the explicit attention, the softmax output and the
@@ -27,10 +28,8 @@ so it always matches the current parameters.
 from typing import NamedTuple, Optional
 
 import torch
-import torch.nn.functional as F
 
 from .. import _backend
-from . import norm as block_norm
 from .._backend import Dropout
 
 
@@ -61,12 +60,6 @@ def _heads(t: torch.Tensor, num_heads: int) -> torch.Tensor:
     """[T, B, E] (any strides with a unit last stride) -> contiguous [B*H, T, hd]."""
     T, B, E = t.shape
     return t.reshape(T, B * num_heads, E // num_heads).transpose(0, 1).contiguous()
-
-
-def _unheads(t: torch.Tensor, num_heads: int) -> torch.Tensor:
-    """[B*H, T, hd] -> [T*B, E] (a copy), the layout of the GEMM that made the heads."""
-    BH, T, hd = t.shape
-    return t.transpose(0, 1).reshape(T * BH // num_heads, num_heads * hd)
 
 
 def _sdpa_mask(key_padding_mask: Optional[torch.Tensor], causal: bool, Tq: int, Tk: int):
@@ -105,110 +98,13 @@ def attention_block(x, memory, key_padding_mask, ln_weight, ln_bias, wq, bq, wk,
     AttentionBlockConfig. Returns [Tq, B, E]: post-LN LN(x + dropout(attn + bo)), pre-LN
     x + dropout(attn(LN(x)) + bo).
 
-    The explicit attention is the compiled op `attention_block`, whose autograd node is C++
-    (csrc/ops/blocks.cpp): its forward and backward never enter Python. SDPA runs AttentionBlockFunction."""
-    if cfg.sdpa:
-        return AttentionBlockFunction.apply(x, memory, key_padding_mask, ln_weight, ln_bias, wq, bq, wk, bk, wv, bv,
-                                            wo, bo, cfg)
+    The compiled op `attention_block` (explicit attention) or `attention_block_sdpa` (torch SDPA), whose
+    autograd node is C++ (csrc/ops/blocks.cpp): forward and backward never enter Python."""
     a, d = cfg.attn_dropout, cfg.dropout
+    if cfg.sdpa:
+        return _backend.ops().attention_block_sdpa(x, memory, key_padding_mask, ln_weight, ln_bias, wq, bq, wk, bk, wv,
+                                                   bv, wo, bo, cfg.num_heads, cfg.scale, cfg.causal,
+                                                   cfg.normalize_before, cfg.eps, a.p, d.p, d.seed, d.offset)
     return _backend.ops().attention_block(x, memory, key_padding_mask, ln_weight, ln_bias, wq, bq, wk, bk, wv, bv, wo,
                                           bo, cfg.num_heads, cfg.scale, cfg.causal, cfg.normalize_before, cfg.eps,
                                           a.p, a.seed, a.offset, d.p, d.seed, d.offset)
-
-
-class AttentionBlockFunction(torch.autograd.Function):
-    """The SDPA path of attention_block (same arguments): apply(x, memory, key_padding_mask, ln_weight, ln_bias,
-    wq, bq, wk, bk, wv, bv, wo, bo, cfg) with cfg.sdpa set."""
-
-    @staticmethod
-    def forward(ctx, x, memory, key_padding_mask, ln_weight, ln_bias, wq, bq, wk, bk, wv, bv, wo, bo, cfg):
-        ctx.cfg = cfg
-        ops = _backend.ops()
-        Tq, B, E = x.shape
-        H = cfg.num_heads
-        h, mean, rstd = block_norm.forward_start(ops, x, ln_weight, ln_bias, cfg.normalize_before, cfg.eps)
-        h2 = h.view(Tq * B, E)
-        if memory is None:
-            qkv = torch.mm(h2, torch.cat([wq, wk, wv]).t()).view(Tq, B, 3 * E)
-            q, k, v = ops.qkv_bias_split(qkv, torch.cat([bq, bk, bv]), H)
-            del qkv
-        else:
-            Tk = memory.shape[0]
-            q = _heads(torch.addmm(bq, h2, wq.t()).view(Tq, B, E), H)
-            kv = torch.addmm(torch.cat([bk, bv]), memory.reshape(Tk * B, -1), torch.cat([wk, wv]).t())
-            kv = kv.view(Tk, B, 2 * E)
-            k, v = _heads(kv[..., :E], H), _heads(kv[..., E:], H)
-            del kv
-        ctx.sdpa = _sdpa_forward(q, k, v, key_padding_mask, cfg, B)
-        del q, k, v
-        merged = _merge_sdpa(ctx.sdpa[0], Tq, B, E)
-        out = torch.mm(merged.view(Tq * B, E), wo.t()).view(Tq, B, E)
-        out_y, s, mean, rstd = block_norm.forward_end(ops, out, bo, x, cfg.dropout, ln_weight, ln_bias, mean,
-                                                      rstd, cfg.normalize_before, cfg.eps)
-        ctx.save_for_backward(x, memory, ln_weight, ln_bias, wq, wk, wv, wo, s, mean, rstd)
-        return out_y
-
-    @staticmethod
-    def backward(ctx, dy):
-        cfg = ctx.cfg
-        ops = _backend.ops()
-        x, memory, ln_weight, ln_bias, wq, wk, wv, wo, s, mean, rstd = ctx.saved_tensors
-        Tq, B, E = x.shape
-        H = cfg.num_heads
-        ds, h, dln_w, dln_b = block_norm.backward_start(ops, dy, x, s, ln_weight, ln_bias, mean, rstd,
-                                                        cfg.normalize_before, cfg.eps)
-        dout, dbo = ops.bias_dropout_residual_bwd(ds, *cfg.dropout)
-        dout2 = dout.view(Tq * B, E)
-        dmerged = torch.mm(dout2, wo)  # [Tq*B, E]
-        o, qs, ks, vs = ctx.sdpa
-        # [Tq, B, H, hd] as SDPA's [B, H, Tq, hd]. retain_graph: a second backward through the outer graph
-        # (retain_graph there) needs it again; it is freed with this node.
-        dctx = dmerged.view(Tq, B, H, E // H).permute(1, 2, 0, 3).reshape(o.shape)
-        dq, dk, dv = torch.autograd.grad(o, (qs, ks, vs), dctx, retain_graph=True)
-        merged = _merge_sdpa(o, Tq, B, E)  # rebuilt, not saved
-        dq, dk, dv = (t.reshape(B * H, -1, E // H) for t in (dq, dk, dv))
-        dwo = torch.mm(dout2.t(), merged.view(Tq * B, E))
-        del merged
-        h2 = h.view(Tq * B, E)
-        if memory is None:
-            dqkv, dbqkv = ops.qkv_bias_split_bwd(dq, dk, dv, H)
-            dqkv = dqkv.view(Tq * B, 3 * E)
-            dwqkv = torch.mm(dqkv.t(), h2)
-            dh = torch.mm(dqkv, torch.cat([wq, wk, wv]))
-            dwq, dwk, dwv = dwqkv.split(E)
-            dbq, dbk, dbv = dbqkv.split(E)
-            dmemory = None
-        else:
-            Tk = memory.shape[0]
-            dq2 = _unheads(dq, H)
-            dwq, dbq = torch.mm(dq2.t(), h2), dq2.sum(0)
-            dh = torch.mm(dq2, wq)
-            dkv = torch.cat([_unheads(dk, H), _unheads(dv, H)], dim=1)  # [Tk*B, 2E]
-            m2 = memory.reshape(Tk * B, -1)
-            dwk, dwv = torch.mm(dkv.t(), m2).split(E)
-            dbk, dbv = dkv.sum(0).split(E)
-            dmemory = torch.mm(dkv, torch.cat([wk, wv])).view(memory.shape)
-        dh = dh.view(Tq, B, E)
-        dx, dln_w, dln_b = block_norm.backward_end(ops, ds, dh, x, ln_weight, mean, rstd, cfg.normalize_before,
-                                                   dln_w, dln_b)
-        return dx, dmemory, None, dln_w, dln_b, dwq, dbq, dwk, dbk, dwv, dbv, dwo, dbo, None
-
-
-def _sdpa_forward(q, k, v, key_padding_mask, cfg: AttentionBlockConfig, B: int):
-    """torch SDPA over [B, H, T, hd] views of q, k, v, recorded as a small graph of its own (the
-    inputs detached) so that backward asks torch.autograd.grad for SDPA's own backward.
-    Returns (output [B, H, Tq, hd], q, k, v leaves)."""
-    BH, Tq, hd = q.shape
-    Tk = k.shape[1]
-    H = BH // B
-    mask, is_causal = _sdpa_mask(key_padding_mask, cfg.causal, Tq, Tk)
-    with torch.enable_grad():
-        qs, ks, vs = (t.detach().view(B, H, -1, hd).requires_grad_() for t in (q, k, v))
-        o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, dropout_p=cfg.attn_dropout.p,
-                                           is_causal=is_causal, scale=cfg.scale)
-    return o, qs, ks, vs
-
-
-def _merge_sdpa(o: torch.Tensor, Tq: int, B: int, E: int) -> torch.Tensor:
-    """SDPA output [B, H, Tq, hd] -> contiguous [Tq, B, E] (detached: the block's own node records it)."""
-    return o.detach().permute(2, 0, 1, 3).reshape(Tq, B, E)
