@@ -379,10 +379,11 @@ struct FeedForwardBlockNode : public torch::autograd::Function<FeedForwardBlockN
 };
 
 // The SDPA attention (torch's fused scaled_dot_product_attention: CUDA's path) as a node of its own. SDPA
-// runs on detached leaf copies of q, k, v in a small graph of its own, recorded in forward; backward asks
-// torch::autograd::grad for SDPA's own backward through it (whichever kernel SDPA picked). Saved: the block
-// input, the norm's statistics (post-LN: its input), and that graph (SDPA keeps q, k, v, its output and
-// logsumexp); the merged heads are rebuilt from SDPA's output. SDPA's dropout draws from torch's generator.
+// runs on detached leaf copies of q, k, v in a small graph of its own; backward asks torch::autograd::grad
+// for SDPA's own backward through it (whichever kernel SDPA picked). Saved: the block input and the
+// norm's statistics (post-LN: its input); without attention dropout backward recomputes q, k, v and SDPA's
+// forward, with it the forward's graph is kept (SDPA keeps q, k, v, its output and logsumexp). The merged
+// heads are rebuilt from SDPA's output. SDPA's dropout draws from torch's generator.
 
 // SDPA's boolean attend-mask [B, 1, Tq, Tk] (True = attend) and is_causal flag: the Python _sdpa_mask
 // (ops/blocks/attention.py), which says why a row with no key attends to itself.
@@ -437,16 +438,21 @@ struct SdpaAttentionBlockNode : public torch::autograd::Function<SdpaAttentionBl
                         const Tensor& bv, const Tensor& wo, const Tensor& bo, int64_t num_heads, double scale,
                         bool causal, bool normalize_before, double eps, double attn_p, double p, int64_t seed,
                         int64_t offset) {
+    // Without attention dropout SDPA is a deterministic function of q, k, v: backward recomputes them and
+    // SDPA's forward rather than keeping SDPA's graph (q, k, v, its output: four [B*H, T, hd] tensors per
+    // attention). With dropout its mask comes from torch's generator, which a second forward would advance
+    // differently: the graph is kept.
+    const bool recompute = attn_p == 0;
     Tensor s, mean, rstd, o, qs, ks, vs;
     const Tensor y = sdpa_block_fwd(x, memory, key_padding_mask, ln_weight, ln_bias, wq, bq, wk, bk, wv, bv, wo, bo,
                                     num_heads, scale, causal, normalize_before, eps, attn_p, p, seed, offset,
-                                    /*record=*/true, s, mean, rstd, o, qs, ks, vs);
+                                    /*record=*/!recompute, s, mean, rstd, o, qs, ks, vs);
     ctx->save_for_backward({x, memory.value_or(Tensor()), ln_weight, ln_bias, wq, bq, wk, bk, wv, bv, wo, s, mean,
-                            rstd});
+                            rstd, recompute ? key_padding_mask.value_or(Tensor()) : Tensor()});
     auto& d = ctx->saved_data;
-    d["o"] = o, d["qs"] = qs, d["ks"] = ks, d["vs"] = vs;
-    d["num_heads"] = num_heads, d["normalize_before"] = normalize_before, d["eps"] = eps;
-    d["p"] = p, d["seed"] = seed, d["offset"] = offset;
+    if (!recompute) d["o"] = o, d["qs"] = qs, d["ks"] = ks, d["vs"] = vs;
+    d["num_heads"] = num_heads, d["scale"] = scale, d["causal"] = causal, d["normalize_before"] = normalize_before;
+    d["eps"] = eps, d["p"] = p, d["seed"] = seed, d["offset"] = offset;
     return y;
   }
 
@@ -455,7 +461,6 @@ struct SdpaAttentionBlockNode : public torch::autograd::Function<SdpaAttentionBl
     auto& d = ctx->saved_data;
     const Tensor &x = t[0], &ln_weight = t[2], &ln_bias = t[3], &wq = t[4], &wk = t[6], &wv = t[8], &wo = t[10];
     const std::optional<Tensor> memory = t[1].defined() ? std::optional<Tensor>(t[1]) : std::nullopt;
-    const Tensor o = d.at("o").toTensor();
     const int64_t Tq = x.size(0), B = x.size(1), E = x.size(2), H = d.at("num_heads").toInt(), hd = E / H;
     const bool pre_ln = d.at("normalize_before").toBool();
     Tensor ds, dln_w, dln_b, dout, dbo, h, dctx;
@@ -467,10 +472,27 @@ struct SdpaAttentionBlockNode : public torch::autograd::Function<SdpaAttentionBl
       // [Tq, B, H, hd] as SDPA's [B, H, Tq, hd]
       dctx = at::mm(dout.view({Tq * B, E}), wo).view({Tq, B, H, hd}).permute({1, 2, 0, 3}).contiguous();
     }
-    // retain_graph: a second backward through the outer graph (retain_graph there) needs it again; it is
-    // freed with this node.
-    const variable_list dqkv = torch::autograd::grad({o}, {d.at("qs").toTensor(), d.at("ks").toTensor(),
-                                                          d.at("vs").toTensor()}, {dctx}, /*retain_graph=*/true);
+    Tensor o, qs, ks, vs;
+    if (d.count("o")) {  // SDPA's graph, kept by the forward
+      o = d.at("o").toTensor(), qs = d.at("qs").toTensor(), ks = d.at("ks").toTensor(), vs = d.at("vs").toTensor();
+    } else {  // recomputed: q, k, v from the block input, then SDPA's forward, recorded
+      Tensor q, k, v;
+      {
+        const at::AutoDispatchBelowADInplaceOrView below_autograd;
+        std::tie(q, k, v) = project_qkv(h.reshape({Tq * B, E}), memory, wq, t[5], wk, t[7], wv, t[9], Tq, B, H);
+      }
+      const int64_t Tk = k.size(1);
+      const at::AutoGradMode grad_on(true);
+      qs = q.view({B, H, Tq, hd}).detach().requires_grad_();
+      ks = k.view({B, H, Tk, hd}).detach().requires_grad_();
+      vs = v.view({B, H, Tk, hd}).detach().requires_grad_();
+      const std::optional<Tensor> kpm = t[14].defined() ? std::optional<Tensor>(t[14]) : std::nullopt;
+      const auto [mask, is_causal] = sdpa_mask(kpm, d.at("causal").toBool(), Tq, Tk);
+      o = at::scaled_dot_product_attention(qs, ks, vs, mask, 0.0, is_causal, d.at("scale").toDouble());
+    }
+    // retain_graph: a second backward through the outer graph (retain_graph there) needs a kept graph
+    // again; it is freed with this node.
+    const variable_list dqkv = torch::autograd::grad({o}, {qs, ks, vs}, {dctx}, /*retain_graph=*/true);
     const at::AutoDispatchBelowADInplaceOrView below_autograd;
     const Tensor dout2 = dout.view({Tq * B, E});
     const Tensor dwo = at::mm(dout2.t(), o.detach().permute({2, 0, 1, 3}).reshape({Tq * B, E}));
