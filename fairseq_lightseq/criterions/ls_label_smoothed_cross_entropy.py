@@ -92,7 +92,7 @@ class LsLabelSmoothedCrossEntropyCriterion(LabelSmoothedCrossEntropyCriterion):
         weight: the output projection's [V, E] when net_output[0] holds features, else None (logits)."""
         if weight is not None:
             features, target = self.get_logits_and_target(model, net_output, sample)
-            loss, nll_loss, argmax = linear_label_smoothed_cross_entropy(
+            loss, nll_loss, *argmax = linear_label_smoothed_cross_entropy(
                 features, weight, target, self.eps, ignore_index=self.padding_idx, reduction="sum",
                 return_argmax=self.report_accuracy)
         else:
@@ -103,7 +103,7 @@ class LsLabelSmoothedCrossEntropyCriterion(LabelSmoothedCrossEntropyCriterion):
         logging_output = {"loss": loss.data, "nll_loss": nll_loss.data, **counts, "sample_size": sample_size}
         if self.report_accuracy:
             if weight is not None:
-                n_correct, total = self._accuracy(argmax, target)
+                n_correct, total = self._accuracy(argmax[0], target)
             else:
                 n_correct, total = self.compute_accuracy(model, net_output, sample)
             logging_output["n_correct"] = utils.item(n_correct.data)
