@@ -27,7 +27,6 @@ from fairseq.criterions.label_smoothed_cross_entropy import (
     LabelSmoothedCrossEntropyCriterion,
     LabelSmoothedCrossEntropyCriterionConfig,
 )
-
 from fairseq.models.transformer import TransformerDecoderBase
 from torch import nn
 

@@ -68,8 +68,10 @@ def label_smoothed_cross_entropy(logits: torch.Tensor, target: torch.Tensor, eps
 # CHUNK_ELEMENTS elements each (64 MiB in fp32), whatever the vocabulary; at least one row.
 CHUNK_ELEMENTS = 1 << 24
 # fp16 only: the loss gradient fed to the backward kernel, divided out again in fp32. The kernel writes
-# dlogits = dloss * (p - q) in fp16, where probabilities under 2**-24 would flush to zero; 2**8 lifts
-# them while |dlogits| <= 2**8 stays far from fp16's maximum. A power of two: the division is exact.
+# dlogits = dloss * (p - q) in fp16, where values under 2**-14 lose bits and under 2**-24 flush to zero.
+# Unfused, fairseq's loss scale reached the kernel as dloss; here the gradient is taken before that
+# scale is known (it multiplies in backward), so the op brings its own: 2**8 lifts small probabilities
+# while |dlogits| <= 2**8 stays far from fp16's maximum. A power of two: the division is exact.
 FP16_GRAD_SCALE = 2.0 ** 8
 
 
