@@ -47,7 +47,7 @@ def linear_unfused(h, w, target):
 def linear_fused(h, w, target, chunk):
     from fairseq_lightseq.ops import linear_label_smoothed_cross_entropy
 
-    return linear_label_smoothed_cross_entropy(h, w, target, EPS, PAD, chunk_size=chunk)[0].sum()
+    return linear_label_smoothed_cross_entropy(h, w, target, EPS, PAD, chunk_size=chunk, reduction="sum")[0]
 
 
 def _rss_bytes():
@@ -119,7 +119,8 @@ def main():
     ap.add_argument("--vocab", type=int, nargs="+", default=[32768, 40000])
     ap.add_argument("--linear-tokens", type=int, default=None, help="default: 8192 on CUDA, 1024 on CPU")
     ap.add_argument("--hidden", type=int, default=512)
-    ap.add_argument("--chunk", type=int, default=None, help="linear path chunk (default 2048 CUDA, 512 CPU)")
+    ap.add_argument("--chunk", type=int, default=None,
+                    help="linear path rows per chunk (default: the op's, CHUNK_ELEMENTS // V, as the criterion)")
     ap.add_argument("--iters", type=int, default=None, help="timed steps (default 10 CUDA, 1 CPU)")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -130,7 +131,7 @@ def main():
     dtype = a.dtype or ("float16" if cuda else "float32")
     iters = a.iters or (10 if cuda else 1)
     lin_n = a.linear_tokens or (8192 if cuda else 1024)
-    chunk = a.chunk or (2048 if cuda else 512)
+    chunk = a.chunk
     print(f"device={a.device} dtype={dtype} iters={iters} threads={torch.get_num_threads()} "
           f"memory={'cuda max_memory_allocated' if cuda else 'subprocess peak RSS growth'}")
     for V in a.vocab:
@@ -140,6 +141,9 @@ def main():
               f"{r['ms']:.1f} ms {r['peak_mb']:.0f} MB | speedup {r['ms'] / f['ms']:.2f}x, "
               f"memory ratio {r['peak_mb'] / max(f['peak_mb'], 1e-9):.2f}x")
     V = a.vocab[0]
+    if chunk is None:
+        from fairseq_lightseq.ops.cross_entropy import _chunk_rows
+        chunk = _chunk_rows(None, V)
     f = measure("linear_fused", a.device, dtype, lin_n, V, a.hidden, chunk, iters)
     u = measure("linear_unfused", a.device, dtype, lin_n, V, a.hidden, chunk, iters)
     print(f"LIN N={lin_n} V={V} d={a.hidden} chunk={chunk}: fused {f['ms']:.1f} ms {f['peak_mb']:.0f} MB | "

@@ -1,9 +1,22 @@
-"""`--criterion ls_label_smoothed_cross_entropy`: fairseq's label_smoothed_cross_entropy computed by
-the fused op on the decoder's logits, so no [B*T, V] fp32 log-prob tensor is built.
+"""`--criterion ls_label_smoothed_cross_entropy`: fairseq's label_smoothed_cross_entropy, computed by
+fused ops, so that neither a [B*T, V] fp32 log-prob tensor nor (in training) the [B*T, V] logits are
+kept for backward.
 
-Same options, logging and metrics as fairseq's criterion (it subclasses it); only the loss and the
-accuracy computation change. Models with an adaptive softmax fall back to fairseq's computation.
-Under sequence parallelism it is the criterion that takes a rank's target columns and counts its share.
+The fused path (reduce=True, a fairseq transformer decoder whose output layer is its bias-free
+`output_projection`, no adaptive softmax): the model runs with `features_only=True`, and
+ops.linear_label_smoothed_cross_entropy(features [N, E], output_projection.weight [V, E], target [N],
+reduction="sum") projects and takes the loss chunk by chunk of rows, computing the gradients of the
+features and of the weight in forward; they, not the logits, are what backward keeps ([N, E] + [V, E]
+fp32 instead of [N, V]). With --share-decoder-input-output-embed / --share-all-embeddings the weight is
+the embedding matrix itself, so its two gradients add up as before. --report-accuracy takes the argmax
+of each chunk's logits. Without grad (validation) only the loss is computed.
+
+Everything else takes the logits path, the decoder's full logits and the fused loss op: reduce=False,
+adaptive softmax, a decoder that is not a fairseq transformer decoder or overrides output_layer, an
+output projection with a bias; `compute_loss`/`compute_accuracy` called with logits (fairseq's API)
+also take it. Same options, logging and metrics as fairseq's criterion (it subclasses it).
+Under sequence parallelism it is the criterion that takes a rank's target columns and counts its share:
+the features (like the logits) are this rank's rows.
 """
 from dataclasses import dataclass
 
@@ -14,8 +27,10 @@ from fairseq.criterions.label_smoothed_cross_entropy import (
     LabelSmoothedCrossEntropyCriterion,
     LabelSmoothedCrossEntropyCriterionConfig,
 )
+from fairseq.models.transformer import TransformerDecoderBase
+from torch import nn
 
-from ..ops import label_smoothed_cross_entropy
+from ..ops import label_smoothed_cross_entropy, linear_label_smoothed_cross_entropy
 
 
 @dataclass
@@ -34,33 +49,62 @@ class LsLabelSmoothedCrossEntropyCriterion(LabelSmoothedCrossEntropyCriterion):
         super().__init__(task, sentence_avg, label_smoothing, ignore_prefix_size=ignore_prefix_size,
                          report_accuracy=report_accuracy)
 
-    def _uses_fused_path(self, model):
+    def _uses_loss_op(self, model):
+        """Whether a loss from the logits takes the fused loss op (else fairseq's own math: an adaptive
+        softmax's output is no logits)."""
         decoder = getattr(model, "decoder", None)
         return getattr(decoder, "adaptive_softmax", None) is None
+
+    @staticmethod
+    def _projection_weight(model):
+        """The decoder's output projection weight [V, E] when its logits are exactly
+        features @ weight.T (fairseq's TransformerDecoderBase.output_layer on a bias-free nn.Linear,
+        no adaptive softmax), so the fused projection + loss may replace them; else None."""
+        decoder = getattr(model, "decoder", None)  # through fairseq's DDP wrapper too (it proxies attributes)
+        projection = getattr(decoder, "output_projection", None)
+        if (not isinstance(decoder, TransformerDecoderBase) or decoder.adaptive_softmax is not None
+                or type(decoder).output_layer is not TransformerDecoderBase.output_layer
+                or type(projection) is not nn.Linear or projection.bias is not None):
+            return None
+        return projection.weight
 
     def forward(self, model, sample, reduce=True):
         """fairseq's forward; under sequence parallelism (the decoder returned this rank's rows) the
         counts are this rank's share, so that fairseq's sums over all ranks count everything once:
         ntokens and sample_size are the local target tokens, nsentences (and sample_size under
-        --sentence-avg) come from SP rank 0 only."""
-        net_output = model(**sample["net_input"])
+        --sentence-avg) come from SP rank 0 only. With reduce=True and a plain projection, the model
+        returns features [B, T, E] and the fused projection + loss runs (see the module docstring)."""
+        weight = self._projection_weight(model) if reduce else None
+        # features_only only when set: a model outside the fused path may not take the argument
+        net_output = model(**sample["net_input"], **({"features_only": True} if weight is not None else {}))
         shard = net_output[1].get("sequence_parallel") if isinstance(net_output[1], dict) else None
         if shard is None:
-            return self._outputs(model, net_output, sample, reduce)
+            return self._outputs(model, net_output, sample, reduce, weight)
         ntokens = int(self._target(model, net_output, sample).ne(self.padding_idx).sum())
         nsentences = sample["target"].size(0) if shard.rank == 0 else 0
         counts = {"ntokens": ntokens, "nsentences": nsentences}
-        return self._outputs(model, net_output, sample, reduce, counts, nsentences if self.sentence_avg else ntokens)
+        return self._outputs(model, net_output, sample, reduce, weight, counts,
+                             nsentences if self.sentence_avg else ntokens)
 
-    def _outputs(self, model, net_output, sample, reduce, counts=None, sample_size=None):
-        """(loss, sample_size, logging_output) as fairseq's forward computes them, with the counts given."""
-        loss, nll_loss = self.compute_loss(model, net_output, sample, reduce=reduce)
+    def _outputs(self, model, net_output, sample, reduce, weight, counts=None, sample_size=None):
+        """(loss, sample_size, logging_output) as fairseq's forward computes them, with the counts given.
+        weight: the output projection's [V, E] when net_output[0] holds features, else None (logits)."""
+        if weight is not None:
+            features, target = self.get_logits_and_target(model, net_output, sample)
+            loss, nll_loss, *argmax = linear_label_smoothed_cross_entropy(
+                features, weight, target, self.eps, ignore_index=self.padding_idx, reduction="sum",
+                return_argmax=self.report_accuracy)
+        else:
+            loss, nll_loss = self.compute_loss(model, net_output, sample, reduce=reduce)
         if counts is None:
             counts = {"ntokens": sample["ntokens"], "nsentences": sample["target"].size(0)}
             sample_size = counts["nsentences"] if self.sentence_avg else counts["ntokens"]
         logging_output = {"loss": loss.data, "nll_loss": nll_loss.data, **counts, "sample_size": sample_size}
         if self.report_accuracy:
-            n_correct, total = self.compute_accuracy(model, net_output, sample)
+            if weight is not None:
+                n_correct, total = self._accuracy(argmax[0], target)
+            else:
+                n_correct, total = self.compute_accuracy(model, net_output, sample)
             logging_output["n_correct"] = utils.item(n_correct.data)
             logging_output["total"] = utils.item(total.data)
         return loss, sample_size, logging_output
@@ -75,7 +119,8 @@ class LsLabelSmoothedCrossEntropyCriterion(LabelSmoothedCrossEntropyCriterion):
         return target
 
     def get_logits_and_target(self, model, net_output, sample):
-        """Logits [N, V] (the model's dtype) and target [N] int64, with the ignored prefix cut off."""
+        """net_output[0] as [N, last] (the logits [N, V] in the model's dtype, or the features [N, E]
+        when the model ran with features_only) and target [N] int64, with the ignored prefix cut off."""
         logits = net_output[0]
         target = self._target(model, net_output, sample)
         if self.ignore_prefix_size > 0:
@@ -84,7 +129,7 @@ class LsLabelSmoothedCrossEntropyCriterion(LabelSmoothedCrossEntropyCriterion):
         return logits.reshape(-1, logits.size(-1)), target.reshape(-1)
 
     def compute_loss(self, model, net_output, sample, reduce=True):
-        if not self._uses_fused_path(model):
+        if not self._uses_loss_op(model):
             return super().compute_loss(model, net_output, sample, reduce=reduce)
         logits, target = self.get_logits_and_target(model, net_output, sample)
         loss, nll_loss = label_smoothed_cross_entropy(logits, target, self.eps, ignore_index=self.padding_idx)
@@ -94,11 +139,15 @@ class LsLabelSmoothedCrossEntropyCriterion(LabelSmoothedCrossEntropyCriterion):
         return loss.unsqueeze(-1), nll_loss.unsqueeze(-1)
 
     def compute_accuracy(self, model, net_output, sample):
-        if not self._uses_fused_path(model):
+        if not self._uses_loss_op(model):
             return super().compute_accuracy(model, net_output, sample)
-        # argmax of the logits is the argmax of the log-probs: no log_softmax needed.
         logits, target = self.get_logits_and_target(model, net_output, sample)
+        return self._accuracy(logits.argmax(1), target)
+
+    def _accuracy(self, argmax, target):
+        """(n_correct, total) over the non-padding tokens; argmax, target: [N] int64. The argmax of the
+        logits is the argmax of the log-probs: no log_softmax needed."""
         mask = target.ne(self.padding_idx)
-        n_correct = torch.sum(logits.argmax(1).masked_select(mask).eq(target.masked_select(mask)))
+        n_correct = torch.sum(argmax.masked_select(mask).eq(target.masked_select(mask)))
         total = torch.sum(mask)
         return n_correct, total

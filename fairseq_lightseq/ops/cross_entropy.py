@@ -7,6 +7,8 @@ loss = (1 - eps - eps_i) * nll + eps_i * sum_v(-log p_v), per token, zero where 
 """
 __all__ = ["label_smoothed_cross_entropy", "linear_label_smoothed_cross_entropy"]
 
+from typing import Optional
+
 import torch
 
 from . import _backend, reference
@@ -62,69 +64,137 @@ def label_smoothed_cross_entropy(logits: torch.Tensor, target: torch.Tensor, eps
     return LabelSmoothedCrossEntropyFunction.apply(logits, target, float(epsilon), int(ignore_index))
 
 
+# Rows per chunk when the caller gives none: the [rows, V] logits chunk and its gradient stay near
+# CHUNK_ELEMENTS elements each (64 MiB in fp32), whatever the vocabulary; at least one row.
+CHUNK_ELEMENTS = 1 << 24
+# fp16 only: the loss gradient fed to the backward kernel, divided out again in fp32. The kernel writes
+# dlogits = dloss * (p - q) in fp16, where values under 2**-14 lose bits and under 2**-24 flush to zero.
+# Unfused, fairseq's loss scale reached the kernel as dloss; here the gradient is taken before that
+# scale is known (it multiplies in backward), so the op brings its own: 2**8 lifts small probabilities
+# while |dlogits| <= 2**8 stays far from fp16's maximum. A power of two: the division is exact.
+FP16_GRAD_SCALE = 2.0 ** 8
+
+
+def _chunk_rows(chunk_size, V):
+    return chunk_size if chunk_size is not None else max(1, CHUNK_ELEMENTS // max(V, 1))
+
+
+_MM_OUT_DTYPE = {}  # (device type, dtype) -> whether torch.mm(..., out_dtype=) works there
+
+
+def _matmul_acc(a, b, acc):
+    """a @ b in `acc` (fp32/fp64): with the GEMM's own fp32 output where torch and the device offer it
+    (CUDA fp16/bf16), else from fp32 copies of the operands (CPU bf16; chunk-sized copies)."""
+    if a.dtype == acc:
+        return a @ b
+    key = (a.device.type, a.dtype)
+    if _MM_OUT_DTYPE.get(key, a.device.type == "cuda"):
+        try:
+            out = torch.mm(a, b, out_dtype=acc)
+            _MM_OUT_DTYPE[key] = True
+            return out
+        except (RuntimeError, TypeError):  # no mm.dtype for this torch/device: upcast from now on
+            _MM_OUT_DTYPE[key] = False
+    return a.to(acc) @ b.to(acc)
+
+
+def _chunks(hidden, weight, target, epsilon, ignore_index, rows, want_argmax, want_h, want_w):
+    """The shared chunk loop. Per chunk of `rows` rows: logits_c = hidden_c @ weight.T [rows, V] in
+    hidden's dtype, the loss kernel (loss, nll, lse per row), the row argmax when asked, and when a
+    gradient is asked the logits gradient of sum(loss) (the backward kernel with dloss = 1 per row,
+    FP16_GRAD_SCALE for fp16) turned into dhidden_c = dlogits_c @ weight and dweight += dlogits_c.T @
+    hidden_c. Only one chunk's logits and logits gradient exist at a time.
+
+    Returns loss, nll, lse [N] (fp32; fp64 for fp64), argmax [N] int64 or None, and the gradients of
+    sum(loss): dhidden [N, d] and dweight [V, d], each fp32 (fp64 for fp64) or None when not asked."""
+    ops = _backend.ops()
+    N = hidden.shape[0]
+    stat = _stat_dtype(hidden.dtype)
+    loss, nll, lse = (hidden.new_empty((N,), dtype=stat) for _ in range(3))
+    argmax = hidden.new_empty((N,), dtype=torch.int64) if want_argmax else None
+    dhidden = hidden.new_empty(hidden.shape, dtype=stat) if want_h else None
+    dweight = weight.new_zeros(weight.shape, dtype=stat) if want_w else None
+    scale = FP16_GRAD_SCALE if hidden.dtype == torch.float16 else 1.0
+    wt = weight.t()
+    for s in range(0, N, rows):
+        e = min(N, s + rows)
+        h, t = hidden[s:e], target[s:e]
+        z = h @ wt
+        loss[s:e], nll[s:e], lse[s:e] = ops.label_smoothed_cross_entropy_fwd(z, t, epsilon, ignore_index)
+        if argmax is not None:
+            argmax[s:e] = z.argmax(1)
+        if want_h or want_w:
+            dl = torch.full((e - s,), scale, dtype=stat, device=hidden.device)
+            dz = ops.label_smoothed_cross_entropy_bwd(dl, torch.zeros_like(dl), z, t, lse[s:e], epsilon,
+                                                      ignore_index)
+            del z
+            if want_h:
+                if dz.dtype == stat:
+                    torch.matmul(dz, weight, out=dhidden[s:e])
+                else:
+                    dhidden[s:e] = _matmul_acc(dz, weight, stat)
+            if want_w:
+                _accumulate(dweight, dz.t(), h)
+            del dz
+    if scale != 1.0:
+        for g in (dhidden, dweight):
+            if g is not None:
+                g.mul_(1.0 / scale)
+    return loss, nll, lse, argmax, dhidden, dweight
+
+
+def _accumulate(acc, a, b):
+    """acc += a @ b, acc fp32/fp64 whatever the dtype of a and b (fp16/bf16 products in fp32)."""
+    if a.dtype == acc.dtype:
+        acc.addmm_(a, b)
+    else:
+        acc.add_(_matmul_acc(a, b, acc.dtype))
+
+
 def _is_uniform(grad):
     """Whether grad is one value broadcast to every token (the backward of a .sum()): stride 0."""
     return grad.dim() == 0 or grad.numel() <= 1 or grad.stride(0) == 0
 
 
-class LinearLabelSmoothedCrossEntropyFunction(torch.autograd.Function):
-    """label_smoothed_cross_entropy(hidden @ weight.T, ...) computed chunk by chunk of rows.
+def _scaled(grad, c, like):
+    """grad (fp32/fp64) * c, in like's dtype: the saved gradient of sum(loss) times the upstream one."""
+    return (grad * c.to(grad.dtype)).to(like.dtype)
 
-    Forward, per chunk of `chunk_size` rows: logits_c = hidden_c @ weight.T, the loss kernel, and (when
-    a gradient is wanted) the logits gradient of sum(loss) straight away, turned into dhidden_c and
-    accumulated into dweight (fp32). Only [chunk_size, V] logits (and their gradient) ever exist.
-    Backward: when dloss is a single value broadcast over the tokens (loss.sum() or a scaled sum, the
-    criterion's case) and nll gets no gradient, it scales the stored gradients. Otherwise (any
-    per-token dloss, or a gradient through nll) it recomputes the chunks' logits from the saved lse
-    and applies the actual per-token gradients (exact, one more matmul per chunk).
+
+class LinearLabelSmoothedCrossEntropyFunction(torch.autograd.Function):
+    """reduction="none": (hidden [N, d], weight [V, d], target [N]) -> per-token (loss, nll) [N], and
+    the row argmax [N] int64 of the logits (empty unless asked).
+
+    Forward: `_chunks`, which also computes the gradients of sum(loss) (fp32). Backward: when dloss is a
+    single value broadcast over the tokens (loss.sum() or a scaled sum) and nll gets no gradient, it
+    scales the stored gradients. Otherwise (any per-token dloss, or a gradient through nll) it
+    recomputes the chunks' logits and applies the actual per-token gradients (exact, one more matmul per
+    chunk), which is why hidden, weight, target and lse are saved too. The criterion uses
+    reduction="sum" (LinearLabelSmoothedCrossEntropySumFunction), which saves only the gradients.
     """
 
     @staticmethod
-    def forward(ctx, hidden, weight, target, epsilon, ignore_index, chunk_size):
-        ops = _backend.ops()
-        N = hidden.shape[0]
-        stat = _stat_dtype(hidden.dtype)
-        loss = hidden.new_empty((N,), dtype=stat)
-        nll = hidden.new_empty((N,), dtype=stat)
-        lse = hidden.new_empty((N,), dtype=stat)
-        need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        dhidden = torch.empty_like(hidden) if need_h else None
-        dweight = torch.zeros(weight.shape, dtype=stat, device=weight.device) if need_w else None
-        wt = weight.t()
-        for s in range(0, N, chunk_size):
-            e = min(N, s + chunk_size)
-            h, t = hidden[s:e], target[s:e]
-            z = h @ wt
-            loss[s:e], nll[s:e], lse[s:e] = ops.label_smoothed_cross_entropy_fwd(z, t, epsilon, ignore_index)
-            if need_h or need_w:
-                ones = torch.ones(e - s, dtype=stat, device=hidden.device)
-                dz = ops.label_smoothed_cross_entropy_bwd(ones, torch.zeros_like(ones), z, t, lse[s:e], epsilon,
-                                                          ignore_index)
-                del z
-                if need_h:
-                    torch.matmul(dz, weight, out=dhidden[s:e])
-                if need_w:
-                    _accumulate(dweight, dz.t(), h)
-                del dz
+    def forward(ctx, hidden, weight, target, epsilon, ignore_index, rows, want_argmax):
+        loss, nll, lse, argmax, dhidden, dweight = _chunks(hidden, weight, target, epsilon, ignore_index, rows,
+                                                           want_argmax, *ctx.needs_input_grad[:2])
         ctx.save_for_backward(hidden, weight, target, lse, dhidden, dweight)
-        ctx.args = (epsilon, ignore_index, chunk_size)
+        ctx.args = (epsilon, ignore_index, rows)
         ctx.set_materialize_grads(False)
-        return loss, nll
+        return loss, nll, argmax if argmax is not None else target.new_empty((0,))
 
     @staticmethod
-    def backward(ctx, dloss, dnll):
+    def backward(ctx, dloss, dnll, _dargmax):
         hidden, weight, target, lse, dhidden_1, dweight_1 = ctx.saved_tensors
         need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        none = (None,) * 4
+        none = (None,) * 5
         if dloss is None and dnll is None:
             return (None, None) + none
         if dnll is None and _is_uniform(dloss):
             c = dloss.reshape(-1)[:1] if dloss.numel() else dloss.new_zeros(1)
-            dh = dhidden_1 * c.to(hidden.dtype) if need_h else None
-            dw = (dweight_1 * c.to(dweight_1.dtype)).to(weight.dtype) if need_w else None
-            return (dh, dw) + none
+            return (_scaled(dhidden_1, c, hidden) if need_h else None,
+                    _scaled(dweight_1, c, weight) if need_w else None) + none
         # General per-token gradients: recompute each chunk's logits and apply them exactly.
-        epsilon, ignore_index, chunk_size = ctx.args
+        epsilon, ignore_index, rows = ctx.args
         ops = _backend.ops()
         stat = lse.dtype
         dloss = torch.zeros_like(lse) if dloss is None else dloss.to(stat)
@@ -132,8 +202,8 @@ class LinearLabelSmoothedCrossEntropyFunction(torch.autograd.Function):
         dh = torch.empty_like(hidden) if need_h else None
         dw = torch.zeros(weight.shape, dtype=stat, device=weight.device) if need_w else None
         wt = weight.t()
-        for s in range(0, hidden.shape[0], chunk_size):
-            e = min(hidden.shape[0], s + chunk_size)
+        for s in range(0, hidden.shape[0], rows):
+            e = min(hidden.shape[0], s + rows)
             h = hidden[s:e]
             dz = ops.label_smoothed_cross_entropy_bwd(dloss[s:e], dnll[s:e], h @ wt, target[s:e], lse[s:e],
                                                       epsilon, ignore_index)
@@ -144,26 +214,69 @@ class LinearLabelSmoothedCrossEntropyFunction(torch.autograd.Function):
         return (dh, dw.to(weight.dtype) if need_w else None) + none
 
 
-def _accumulate(acc, a, b):
-    """acc += a @ b, acc in fp32/fp64 whatever the dtype of a and b (fp16/bf16 products are
-    rounded once per chunk, then summed in fp32)."""
-    if a.dtype == acc.dtype:
-        acc.addmm_(a, b)
-    else:
-        acc.add_(a @ b)
+class LinearLabelSmoothedCrossEntropySumFunction(torch.autograd.Function):
+    """reduction="sum": (hidden [N, d], weight [V, d], target [N]) -> (loss_sum, nll_sum) scalars (fp32;
+    fp64 for fp64) and the row argmax [N] int64 of the logits (empty unless asked).
+
+    The gradient is computed in forward (`_chunks`) and is the only thing saved: dhidden [N, d] and
+    dweight [V, d] in fp32 (fp64 for fp64), never the [N, V] logits, nor hidden or weight. Backward
+    returns g * dhidden and g * dweight in hidden's and weight's dtype, g being loss_sum's gradient (the
+    scalar fairseq's loss scaling multiplies in). nll_sum is not differentiable: fairseq only logs it.
+    """
+
+    @staticmethod
+    def forward(ctx, hidden, weight, target, epsilon, ignore_index, rows, want_argmax):
+        loss, nll, _, argmax, dhidden, dweight = _chunks(hidden, weight, target, epsilon, ignore_index, rows,
+                                                         want_argmax, *ctx.needs_input_grad[:2])
+        ctx.save_for_backward(dhidden, dweight)
+        ctx.dtypes = (hidden.dtype, weight.dtype)
+        nll_sum = nll.sum()
+        ctx.mark_non_differentiable(nll_sum)
+        return loss.sum(), nll_sum, argmax if argmax is not None else target.new_empty((0,))
+
+    @staticmethod
+    def backward(ctx, g, _dnll, _dargmax):
+        dhidden, dweight = ctx.saved_tensors
+        h_dtype, w_dtype = ctx.dtypes
+        dh = (dhidden * g.to(dhidden.dtype)).to(h_dtype) if dhidden is not None else None
+        dw = (dweight * g.to(dweight.dtype)).to(w_dtype) if dweight is not None else None
+        return (dh, dw) + (None,) * 5
+
+
+_REDUCTIONS = ("none", "sum")
 
 
 def linear_label_smoothed_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
-                                        epsilon: float, ignore_index: int = -100, chunk_size: int = 2048):
+                                        epsilon: float, ignore_index: int = -100,
+                                        chunk_size: Optional[int] = None, reduction: str = "none",
+                                        return_argmax: bool = False):
     """Same as label_smoothed_cross_entropy(hidden @ weight.T, target, ...), without materialising the
-    [N, V] logits: rows are processed `chunk_size` at a time.
+    [N, V] logits: rows are processed `chunk_size` at a time (default: CHUNK_ELEMENTS // V rows, at
+    least 1), and the gradient of the loss is computed in forward, chunk by chunk, while each chunk's
+    logits exist.
 
-    hidden: [N, d]; weight: [V, d], same dtype (fp32/fp16/bf16; CPU fp32/fp64/bf16); target: [N] int64.
-    Returns (loss, nll) [N] float32 (float64 for float64 input). Peak extra memory is about
-    2 * chunk_size * V elements of hidden's dtype plus a [V, d] fp32 weight-gradient accumulator.
+    hidden: [N, d] (the decoder's features); weight: [V, d] (the output projection's weight), same
+    dtype (fp32/fp16/bf16; CPU fp32/fp64/bf16); target: [N] int64, in [0, V) or ignore_index (those
+    rows add 0 to the loss and to the gradients).
+    reduction="none": (loss, nll) [N] float32 (float64 for float64 input), any upstream gradients
+    (a uniform one, e.g. of loss.sum(), is served from the gradients computed in forward; per-token
+    ones recompute the logits, so hidden and weight stay saved).
+    reduction="sum": (loss_sum, nll_sum) 0-dim float32 (float64), the criterion's form: only the
+    gradients of hidden and weight are saved for backward, [N, d] + [V, d] fp32, instead of the [N, V]
+    logits a projection-then-loss keeps; nll_sum carries no gradient.
+    return_argmax: adds a third output, the argmax over V of each row's logits [N] int64 (for
+    fairseq's --report-accuracy), found while the chunk exists.
+    Without grad mode, or when neither hidden nor weight requires grad, only the loss is computed.
+    Precision: logits and their gradient are computed in the input dtype (as F.linear and the loss
+    kernel would); the gradients are accumulated and kept in fp32, then cast to each input's dtype in
+    backward; fp16 scales the logits gradient by FP16_GRAD_SCALE (divided out in fp32) so that small
+    probabilities do not underflow.
     """
-    if chunk_size < 1:
+    if chunk_size is not None and chunk_size < 1:
         raise ValueError(f"linear_label_smoothed_cross_entropy: chunk_size must be >= 1, got {chunk_size}")
+    if reduction not in _REDUCTIONS:
+        raise ValueError(f"linear_label_smoothed_cross_entropy: reduction must be one of {_REDUCTIONS}, "
+                         f"got {reduction!r}")
     if hidden.dim() != 2 or weight.dim() != 2 or hidden.shape[1] != weight.shape[1]:
         raise ValueError("linear_label_smoothed_cross_entropy: hidden must be [N, d] and weight [V, d], got "
                          f"{tuple(hidden.shape)} and {tuple(weight.shape)}")
@@ -174,9 +287,17 @@ def linear_label_smoothed_cross_entropy(hidden: torch.Tensor, weight: torch.Tens
         raise ValueError(f"linear_label_smoothed_cross_entropy: weight ({weight.dtype}, {weight.device}) must match "
                          f"hidden ({hidden.dtype}, {hidden.device})")
     if not _backend.use_kernel(_FWD, hidden.device.type, hidden.dtype):
-        return reference.linear_label_smoothed_cross_entropy(hidden, weight, target, epsilon, ignore_index)
-    return LinearLabelSmoothedCrossEntropyFunction.apply(hidden, weight, target, float(epsilon), int(ignore_index),
-                                                         int(chunk_size))
+        return reference.linear_label_smoothed_cross_entropy(hidden, weight, target, epsilon, ignore_index,
+                                                             reduction=reduction, return_argmax=return_argmax)
+    args = (float(epsilon), int(ignore_index), _chunk_rows(chunk_size, weight.shape[0]), bool(return_argmax))
+    if torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad):
+        fn = LinearLabelSmoothedCrossEntropySumFunction if reduction == "sum" else LinearLabelSmoothedCrossEntropyFunction
+        out = fn.apply(hidden, weight, target, *args)
+    else:  # validation, decoding, a frozen model: the loss alone, chunk by chunk
+        loss, nll, _, argmax, _, _ = _chunks(hidden, weight, target, *args, False, False)
+        out = (loss.sum(), nll.sum()) if reduction == "sum" else (loss, nll)
+        out += (argmax,)
+    return out if return_argmax else out[:2]
 
 
 @_backend.register_fake(_FWD)

@@ -93,10 +93,16 @@ def test_label_smoothed_cross_entropy():
     assert loss.dtype == torch.float32 and nll.dtype == torch.float32  # fp32 losses whatever the logits
 
 
-def test_linear_label_smoothed_cross_entropy():
+@pytest.mark.parametrize("reduction", ["none", "sum"])
+def test_linear_label_smoothed_cross_entropy(reduction):
     target = torch.randint(0, 30, (40,))
-    _check(lambda h, w: ops.linear_label_smoothed_cross_entropy(h, w, target, 0.1, ignore_index=1, chunk_size=16),
-           [randn(40, 16, seed=1), randn(30, 16, seed=2)], grad_scale=8.0)
+
+    def fn(h, w):  # the sums as [1]: _check weights each output by a random tensor of its shape
+        loss, nll = ops.linear_label_smoothed_cross_entropy(h, w, target, 0.1, ignore_index=1, chunk_size=16,
+                                                            reduction=reduction)
+        return loss.reshape(-1), nll.reshape(-1)
+
+    _check(fn, [randn(40, 16, seed=1), randn(30, 16, seed=2)], grad_scale=8.0)
 
 
 def test_bf16_and_fp32_still_use_the_kernels():

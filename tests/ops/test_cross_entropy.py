@@ -12,6 +12,7 @@ from support.tensors import DEVICE_DTYPES, assert_close, randn
 from fairseq_lightseq import ops
 from fairseq_lightseq.ops import reference
 from fairseq_lightseq.ops.cross_entropy import LabelSmoothedCrossEntropyFunction
+from torch.utils._python_dispatch import TorchDispatchMode
 
 PAD = 1
 SHAPES = [(1, 7), (13, 7), (9, 129), (5, 32003), (1, 1)]
@@ -247,3 +248,153 @@ def test_traces_under_fake_tensors():
         loss, nll, lse = torch.ops.fairseq_lightseq.label_smoothed_cross_entropy_fwd(z, t, 0.1, PAD)
         dz = torch.ops.fairseq_lightseq.label_smoothed_cross_entropy_bwd(loss, nll, z, t, lse, 0.1, PAD)
     assert loss.shape == (6,) and lse.dtype == torch.float32 and dz.shape == (6, 50) and dz.dtype == torch.bfloat16
+
+
+# ---- linear_label_smoothed_cross_entropy(reduction="sum"): the criterion's form ----
+
+class _KernelCalls(TorchDispatchMode):
+    """Counts the fairseq_lightseq kernels that run (by op name) while active."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.name()
+        if name.startswith("fairseq_lightseq::"):
+            key = name.split("::")[1]
+            self.calls[key] = self.calls.get(key, 0) + 1
+        return func(*args, **(kwargs or {}))
+
+
+def _run_sum(fn, h, w, target, eps, upstream=3.0, **kw):
+    """(loss_sum, nll_sum, argmax, dh, dw) after (loss_sum * upstream).backward()."""
+    h = h.detach().clone().requires_grad_()
+    w = w.detach().clone().requires_grad_()
+    loss, nll, argmax = fn(h, w, target, eps, PAD, reduction="sum", return_argmax=True, **kw)
+    (loss * upstream).backward()
+    return loss, nll, argmax, h.grad, w.grad
+
+
+def _unfused_sum(h, w, target, eps, ignore_index, reduction, return_argmax):
+    """What the criterion computed before: F.linear, then the fused loss op on the full logits."""
+    assert reduction == "sum" and return_argmax
+    logits = torch.nn.functional.linear(h, w)
+    loss, nll = ops.label_smoothed_cross_entropy(logits, target, eps, ignore_index)
+    return loss.sum(), nll.sum(), logits.argmax(1)
+
+
+@pytest.mark.parametrize("device,dtype", DEVICE_DTYPES)
+@pytest.mark.parametrize("n,chunk", [(11, 4), (11, 1), (11, None), (1, None), (1, 3)])
+@pytest.mark.parametrize("eps", [0.0, 0.1])
+def test_linear_sum_matches_reference_and_unfused(device, dtype, n, chunk, eps):
+    d, V = 24, 129
+    h, w, target = _linear_inputs(n, d, V, dtype, device)
+    out = _run_sum(ops.linear_label_smoothed_cross_entropy, h, w, target, eps, chunk_size=chunk)
+    low = dtype in (torch.float16, torch.bfloat16)
+    fp_tol = torch.float64 if dtype == torch.float64 else torch.float32
+    for expected_fn in (reference.linear_label_smoothed_cross_entropy, _unfused_sum):
+        ref = _run_sum(expected_fn, h, w, target, eps)
+        assert out[0].dtype == ref[0].dtype == _stat(dtype) and out[0].dim() == 0
+        assert_close(out[0], ref[0], dtype=dtype if low else fp_tol, scale=10 * n)  # a sum of n rows
+        assert_close(out[1], ref[1], dtype=dtype if low else fp_tol, scale=10 * n)
+        assert torch.equal(out[2], ref[2])
+        assert out[3].dtype == dtype and out[4].dtype == dtype
+        assert_close(out[3], ref[3], scale=4 * 3)  # the upstream 3 scales the gradients
+        assert_close(out[4], ref[4], scale=4 * 3 * (n ** 0.5))
+    if n > 1:  # padding rows: no gradient into their features
+        pad = target.eq(PAD)
+        assert pad.any() and torch.all(out[3][pad] == 0) and torch.all(out[3][~pad] != 0)
+
+
+def test_linear_sum_gradcheck_float64():
+    h, w, target = _linear_inputs(6, 5, 7, torch.float64, "cpu")
+    h.requires_grad_()
+    w.requires_grad_()
+    fn = ops.linear_label_smoothed_cross_entropy
+    for eps in (0.0, 0.1):
+        assert torch.autograd.gradcheck(lambda h, w: fn(h, w, target, eps, PAD, chunk_size=4, reduction="sum")[0],
+                                        (h, w))
+
+
+def test_linear_sum_gradient_computed_in_forward():
+    """The backward kernel runs once per chunk during forward (dloss = 1 per row), never in backward;
+    nll_sum carries no gradient and argmax is an int64 row index."""
+    h, w, target = _linear_inputs(11, 8, 13, torch.float32, "cpu")
+    h.requires_grad_()
+    w.requires_grad_()
+    with _KernelCalls() as fwd:
+        loss, nll, argmax = ops.linear_label_smoothed_cross_entropy(h, w, target, 0.1, PAD, chunk_size=4,
+                                                                    reduction="sum", return_argmax=True)
+    assert fwd.calls == {"label_smoothed_cross_entropy_fwd": 3, "label_smoothed_cross_entropy_bwd": 3}
+    assert loss.requires_grad and not nll.requires_grad and argmax.dtype == torch.int64
+    with _KernelCalls() as bwd:
+        loss.backward()
+    assert bwd.calls == {}
+
+
+def test_linear_sum_saves_only_the_gradients():
+    """What backward keeps: dhidden [N, d] and dweight [V, d] (fp32 for bf16 inputs), no [rows, V] logits
+    nor the inputs (neither saved nor held as ctx attributes, which the saved-tensor hooks do not see)."""
+    n, d, V = 11, 8, 13
+    for dtype in (torch.float32, torch.bfloat16):
+        h, w, target = _linear_inputs(n, d, V, dtype, "cpu")
+        h.requires_grad_()
+        w.requires_grad_()
+        saved = []
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+            loss, _ = ops.linear_label_smoothed_cross_entropy(h, w, target, 0.1, PAD, chunk_size=4, reduction="sum")
+        assert sorted((tuple(t.shape), t.dtype) for t in saved) == [((n, d), torch.float32), ((V, d), torch.float32)]
+        attrs = [v for a in vars(loss.grad_fn).values() for v in (a if isinstance(a, (tuple, list)) else (a,))]
+        assert not any(isinstance(v, torch.Tensor) for v in attrs)  # nothing kept as a ctx attribute either
+        saved.clear()
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+            _unfused_sum(h, w, target, 0.1, PAD, "sum", True)
+        assert ((n, V), dtype) in [(tuple(t.shape), t.dtype) for t in saved]  # what the fusion removes
+
+
+def test_linear_without_grad_runs_no_gradient_kernel():
+    """no_grad (validation) with inputs that require grad: only the loss, chunk by chunk."""
+    h, w, target = _linear_inputs(11, 8, 13, torch.float32, "cpu")
+    h.requires_grad_()
+    w.requires_grad_()
+    for reduction in ("sum", "none"):
+        with torch.no_grad(), _KernelCalls() as calls:
+            loss, nll, argmax = ops.linear_label_smoothed_cross_entropy(h, w, target, 0.1, PAD, chunk_size=4,
+                                                                        reduction=reduction, return_argmax=True)
+        assert calls.calls == {"label_smoothed_cross_entropy_fwd": 3}
+        ref = reference.linear_label_smoothed_cross_entropy(h.detach(), w.detach(), target, 0.1, PAD,
+                                                            reduction=reduction, return_argmax=True)
+        assert not loss.requires_grad
+        assert_close(loss, ref[0], scale=10)
+        assert_close(nll, ref[1], scale=10)
+        assert torch.equal(argmax, ref[2])
+
+
+def test_linear_default_chunk_follows_the_element_budget(monkeypatch):
+    """Without chunk_size: CHUNK_ELEMENTS // V rows per chunk (at least 1); N = 11 rows in chunks of 4
+    (not a multiple), then in chunks of one row when V exceeds the budget."""
+    from fairseq_lightseq.ops import cross_entropy
+
+    h, w, target = _linear_inputs(11, 8, 13, torch.float32, "cpu")
+    ref = _run_sum(reference.linear_label_smoothed_cross_entropy, h, w, target, 0.1)
+    for budget, chunks in ((4 * 13 + 5, 3), (5, 11)):
+        monkeypatch.setattr(cross_entropy, "CHUNK_ELEMENTS", budget)
+        with _KernelCalls() as calls:
+            out = _run_sum(ops.linear_label_smoothed_cross_entropy, h, w, target, 0.1)
+        assert calls.calls["label_smoothed_cross_entropy_fwd"] == chunks
+        for a, b in zip(out, ref):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_linear_sum_all_padding():
+    h, w, _ = _linear_inputs(5, 8, 13, torch.float32, "cpu")
+    loss, nll, _, dh, dw = _run_sum(ops.linear_label_smoothed_cross_entropy, h, w, torch.full((5,), PAD), 0.1,
+                                    chunk_size=2)
+    assert loss == 0 and nll == 0 and torch.all(dh == 0) and torch.all(dw == 0)
+
+
+def test_linear_bad_reduction():
+    h, w, t = _linear_inputs(4, 8, 13, torch.float32, "cpu")
+    with pytest.raises(ValueError, match=r"reduction must be one of \('none', 'sum'\), got 'mean'"):
+        ops.linear_label_smoothed_cross_entropy(h, w, t, 0.1, PAD, reduction="mean")

@@ -24,6 +24,13 @@ def label_smoothed_cross_entropy(logits: torch.Tensor, target: torch.Tensor, eps
 
 
 def linear_label_smoothed_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
-                                        epsilon: float, ignore_index: int = -100):
-    """label_smoothed_cross_entropy(hidden @ weight.T, ...). hidden: [N, d]; weight: [V, d]."""
-    return label_smoothed_cross_entropy(hidden @ weight.t(), target, epsilon, ignore_index)
+                                        epsilon: float, ignore_index: int = -100, reduction: str = "none",
+                                        return_argmax: bool = False):
+    """label_smoothed_cross_entropy(hidden @ weight.T, ...). hidden: [N, d]; weight: [V, d].
+
+    reduction="none": (loss, nll) [N]; "sum": (loss.sum(), nll.sum()) 0-dim, the nll sum without a
+    gradient. return_argmax adds the logits' argmax over V per row, [N] int64."""
+    logits = hidden @ weight.t()
+    loss, nll = label_smoothed_cross_entropy(logits, target, epsilon, ignore_index)
+    out = (loss.sum(), nll.sum().detach()) if reduction == "sum" else (loss, nll)
+    return out + (logits.argmax(-1),) if return_argmax else out
