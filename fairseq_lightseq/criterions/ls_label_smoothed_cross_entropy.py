@@ -56,7 +56,7 @@ class LsLabelSmoothedCrossEntropyCriterion(LabelSmoothedCrossEntropyCriterion):
         return getattr(decoder, "adaptive_softmax", None) is None
 
     @staticmethod
-    def _projection_weight(model):
+    def projection_weight(model):
         """The decoder's output projection weight [V, E] when its logits are exactly
         features @ weight.T (fairseq's TransformerDecoderBase.output_layer on a bias-free nn.Linear,
         no adaptive softmax), so the fused projection + loss may replace them; else None."""
@@ -74,7 +74,7 @@ class LsLabelSmoothedCrossEntropyCriterion(LabelSmoothedCrossEntropyCriterion):
         ntokens and sample_size are the local target tokens, nsentences (and sample_size under
         --sentence-avg) come from SP rank 0 only. With reduce=True and a plain projection, the model
         returns features [B, T, E] and the fused projection + loss runs (see the module docstring)."""
-        weight = self._projection_weight(model) if reduce else None
+        weight = self.projection_weight(model) if reduce else None
         # features_only only when set: a model outside the fused path may not take the argument
         net_output = model(**sample["net_input"], **({"features_only": True} if weight is not None else {}))
         shard = net_output[1].get("sequence_parallel") if isinstance(net_output[1], dict) else None
@@ -89,25 +89,31 @@ class LsLabelSmoothedCrossEntropyCriterion(LabelSmoothedCrossEntropyCriterion):
     def _outputs(self, model, net_output, sample, reduce, weight, counts=None, sample_size=None):
         """(loss, sample_size, logging_output) as fairseq's forward computes them, with the counts given.
         weight: the output projection's [V, E] when net_output[0] holds features, else None (logits)."""
-        if weight is not None:
-            features, target = self.get_logits_and_target(model, net_output, sample)
-            loss, nll_loss, *argmax = linear_label_smoothed_cross_entropy(
-                features, weight, target, self.eps, ignore_index=self.padding_idx, reduction="sum",
-                return_argmax=self.report_accuracy)
-        else:
-            loss, nll_loss = self.compute_loss(model, net_output, sample, reduce=reduce)
+        loss, nll_loss, argmax, target = self.loss_and_nll(model, net_output, sample, reduce, weight)
         if counts is None:
             counts = {"ntokens": sample["ntokens"], "nsentences": sample["target"].size(0)}
             sample_size = counts["nsentences"] if self.sentence_avg else counts["ntokens"]
         logging_output = {"loss": loss.data, "nll_loss": nll_loss.data, **counts, "sample_size": sample_size}
         if self.report_accuracy:
             if weight is not None:
-                n_correct, total = self._accuracy(argmax[0], target)
+                n_correct, total = self._accuracy(argmax, target)
             else:
                 n_correct, total = self.compute_accuracy(model, net_output, sample)
             logging_output["n_correct"] = utils.item(n_correct.data)
             logging_output["total"] = utils.item(total.data)
         return loss, sample_size, logging_output
+
+    def loss_and_nll(self, model, net_output, sample, reduce, weight):
+        """(loss, nll_loss, argmax, target): the fused projection + loss over the features when `weight`
+        (projection_weight's) is given, with each row's argmax under --report-accuracy, and the target
+        it used; else compute_loss over the logits (argmax and target None)."""
+        if weight is None:
+            return (*self.compute_loss(model, net_output, sample, reduce=reduce), None, None)
+        features, target = self.get_logits_and_target(model, net_output, sample)
+        loss, nll_loss, *argmax = linear_label_smoothed_cross_entropy(
+            features, weight, target, self.eps, ignore_index=self.padding_idx, reduction="sum",
+            return_argmax=self.report_accuracy)
+        return loss, nll_loss, argmax[0] if argmax else None, target
 
     def _target(self, model, net_output, sample):
         """The target [B, T] int64, or under sequence parallelism this rank's columns of it (padded with

@@ -147,7 +147,7 @@ def _sent():
 
 def fake_cell(model, criterion, smp, group, P: int, mode: str) -> dict:
     """Saved bytes and bytes sent of one training forward + backward under FakeTensorMode (the
-    parameters stay real; activations are shapes only). The loss is criterion.compute_loss (its
+    parameters stay real; activations are shapes only). The loss is criterion.loss_and_nll (its
     forward's token counts would read values); the dropout seed is a constant (it reads one too)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -163,8 +163,10 @@ def fake_cell(model, criterion, smp, group, P: int, mode: str) -> dict:
         reset_bytes()
         with fake:
             with _StorageBytes(list(model.parameters()), fake) as sb:
-                net_output = model(**smp["net_input"])
-                loss, _ = criterion.compute_loss(model, net_output, smp)
+                # the criterion's own loss path (the fused projection + loss where it applies)
+                weight = criterion.projection_weight(model)
+                net_output = model(**smp["net_input"], **({"features_only": True} if weight is not None else {}))
+                loss = criterion.loss_and_nll(model, net_output, smp, True, weight)[0]
             sb.finish(loss)
             loss.backward()
     finally:

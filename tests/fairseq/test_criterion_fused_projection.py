@@ -131,7 +131,7 @@ def test_unusual_decoders_take_the_logits_path(make_model):
         model = perturb_(build(LSTransformerModel, task), 7)
         proj = model.decoder.output_projection
         model.decoder.output_projection = torch.nn.Linear(proj.in_features, proj.out_features, bias=True)
-    assert LsLabelSmoothedCrossEntropyCriterion._projection_weight(model) is None
+    assert LsLabelSmoothedCrossEntropyCriterion.projection_weight(model) is None
     sample = _sample(task, seed=8)
     ours = _run(LsLabelSmoothedCrossEntropyCriterion, model, task, sample, report_accuracy=make_model != "adaptive_softmax")
     ref = _run(LabelSmoothedCrossEntropyCriterion, model, task, sample, report_accuracy=make_model != "adaptive_softmax")
