@@ -47,18 +47,6 @@ inline A row_max(const A* z, int64_t n) {
   return m[0];
 }
 
-template <typename A>
-inline A row_sum(const A* a, int64_t n) {
-  A s[16] = {};
-  int64_t j = 0;
-  for (; j + 16 <= n; j += 16)
-    for (int k = 0; k < 16; ++k) s[k] += a[j + k];
-  for (; j < n; ++j) s[0] += a[j];
-  A r = 0;
-  for (int k = 0; k < 16; ++k) r += s[k];
-  return r;
-}
-
 // sum_j fac[j] * dout[j] * y[j] (fac == nullptr: no dropout).
 template <typename A>
 inline A row_dot3(const A* fac, const A* dout, const A* y, int64_t n) {
@@ -80,57 +68,73 @@ inline A row_dot3(const A* fac, const A* dout, const A* y, int64_t n) {
 
 // ---- Row kernels on acc_t rows (A = float: multi-versioned; A = double: gradcheck only) ----
 
-// z[j] = sc * s[j], or -inf where pad[j] (pad may be nullptr).
+// z[j] = sc * s[j], or -inf where pad[j] (pad may be nullptr); returns max_j z[j] (-inf for n == 0).
 template <typename A>
-inline void scale_mask_row_t(const A* s, const uint8_t* pad, A sc, A* z, int64_t n) {
+inline A scale_mask_row_t(const A* s, const uint8_t* pad, A sc, A* z, int64_t n) {
   const A ninf = -std::numeric_limits<A>::infinity();
   if (pad) {
     for (int64_t j = 0; j < n; ++j) z[j] = pad[j] ? ninf : sc * s[j];
   } else {
     for (int64_t j = 0; j < n; ++j) z[j] = sc * s[j];
   }
+  return row_max(z, n);
 }
-FLS_CPU_CLONES void scale_mask_row(const float* s, const uint8_t* pad, float sc, float* z, int64_t n) {
-  scale_mask_row_t(s, pad, sc, z, n);
+FLS_CPU_CLONES float scale_mask_row(const float* s, const uint8_t* pad, float sc, float* z, int64_t n) {
+  return scale_mask_row_t(s, pad, sc, z, n);
 }
-void scale_mask_row(const double* s, const uint8_t* pad, double sc, double* z, int64_t n) {
-  scale_mask_row_t(s, pad, sc, z, n);
+double scale_mask_row(const double* s, const uint8_t* pad, double sc, double* z, int64_t n) {
+  return scale_mask_row_t(s, pad, sc, z, n);
 }
 
-// In place z -> exp(z - max) (0 where z == -inf); returns the sum, 0 when every entry is -inf. float:
-// fls::exp_nonpos_f32 (fls/fast_math.h), which vectorises and gives exactly 0 for -inf; float64 (gradcheck
-// only): std::exp.
-FLS_CPU_CLONES float exp_row(float* z, int64_t n) {
-  const float m = row_max(z, n);
-  if (m == -std::numeric_limits<float>::infinity()) return 0.0f;
-  // exp (masked: -inf -> exactly 0) and the sum in one pass, 16 accumulators (fixed order).
-  float acc[16] = {};
-  int64_t j = 0;
-  for (; j + 16 <= n; j += 16)
-    for (int k = 0; k < 16; ++k) {
-      z[j + k] = exp_nonpos_f32(z[j + k] - m);
-      acc[k] += z[j + k];
-    }
-  if (j < n) {
-    // The last partial 16 also in one vector (exp is ~40 dependent operations per element): padded
-    // with -inf (exp 0), then added to acc[0] in element order as before.
-    float t[16];
-    for (int k = 0; k < 16; ++k) t[k] = j + k < n ? z[j + k] - m : -std::numeric_limits<float>::infinity();
-    for (int k = 0; k < 16; ++k) t[k] = exp_nonpos_f32(t[k]);
-    for (int k = 0; j < n; ++j, ++k) {
-      z[j] = t[k];
-      acc[0] += z[j];
+// In place z -> exp(z - m) (0 where z == -inf; m = the row's max), and the 16 lane sums of the row: element j adds to
+// lane j % 16, those of the last partial 16 to lane 0, each lane in element order; lane l goes to
+// acc[l * stride]. All lanes are 0 when every entry is -inf. The row's sum is then lane 0 + ... +
+// lane 15 in that order (lane_sums): a 16-step dependent chain per row, which lane_sums runs for
+// many rows side by side instead of one row after the other.
+// float: fls::exp_nonpos_f32 (fls/fast_math.h), which vectorises and gives exactly 0 for -inf;
+// float64 (gradcheck only): std::exp.
+FLS_CPU_CLONES void exp_row(float* z, int64_t n, float m, float* acc, int64_t stride) {
+  float a[16] = {};
+  if (m != -std::numeric_limits<float>::infinity()) {
+    int64_t j = 0;
+    for (; j + 16 <= n; j += 16)
+      for (int k = 0; k < 16; ++k) {
+        z[j + k] = exp_nonpos_f32(z[j + k] - m);
+        a[k] += z[j + k];
+      }
+    if (j < n) {
+      // The last partial 16 also in one vector (exp is ~40 dependent operations per element): padded
+      // with -inf (exp 0), then added to lane 0 in element order.
+      float t[16];
+      for (int k = 0; k < 16; ++k) t[k] = j + k < n ? z[j + k] - m : -std::numeric_limits<float>::infinity();
+      for (int k = 0; k < 16; ++k) t[k] = exp_nonpos_f32(t[k]);
+      for (int k = 0; j < n; ++j, ++k) {
+        z[j] = t[k];
+        a[0] += z[j];
+      }
     }
   }
-  float r = 0.0f;
-  for (int k = 0; k < 16; ++k) r += acc[k];
-  return r;
+  for (int k = 0; k < 16; ++k) acc[k * stride] = a[k];
 }
-double exp_row(double* z, int64_t n) {
-  const double m = row_max(z, n);
-  if (m == -std::numeric_limits<double>::infinity()) return 0.0;
-  for (int64_t j = 0; j < n; ++j) z[j] = std::exp(z[j] - m);
-  return row_sum(z, n);
+void exp_row(double* z, int64_t n, double m, double* acc, int64_t stride) {
+  double a[16] = {};
+  if (m != -std::numeric_limits<double>::infinity()) {
+    for (int64_t j = 0; j < n; ++j) z[j] = std::exp(z[j] - m);
+    int64_t j = 0;
+    for (; j + 16 <= n; j += 16)
+      for (int k = 0; k < 16; ++k) a[k] += z[j + k];
+    for (; j < n; ++j) a[0] += z[j];
+  }
+  for (int k = 0; k < 16; ++k) acc[k * stride] = a[k];
+}
+
+// sums[r] = 0 + acc[0 * stride + r] + ... + acc[15 * stride + r], added in that order, r < rows: one
+// vector lane per row.
+template <typename A>
+void lane_sums(const A* acc, int64_t stride, int64_t rows, A* sums) {
+  std::fill(sums, sums + rows, A(0));
+  for (int l = 0; l < 16; ++l)
+    for (int64_t r = 0; r < rows; ++r) sums[r] += acc[l * stride + r];
 }
 
 // y[j] = e[j] * inv; out[j] = y[j] * fac[j] when fac (dropout) is given.
@@ -239,10 +243,12 @@ void softmax_fwd_typed(const T* scores, const bool* key_padding_mask, T* y, T* o
   const A sc = static_cast<A>(scale);
   const int64_t block = block_rows(Tk);
   parallel_for(rows, row_grain(Tk), [&](int64_t begin, int64_t end) {
-    // Per block of rows: first every row's exps and sum, then the block's dropout factors, then the
-    // outputs. A row's max, exp and 16-lane sum are a long dependent chain; in a loop of their own,
-    // the chains of several short rows run at once.
-    std::vector<A> z(block * Tk), sums(block), sbuf(Tk), ybuf(Tk), obuf(Tk), fac(drop ? block * Tk : 0);
+    // Per block of rows, one loop per step: every row's scaled scores and max, their exps and lane
+    // sums, the rows' sums (lane_sums), the block's dropout factors, then the outputs. Each step of a
+    // short row is a dependent chain (max, exp, 16 lanes); in a loop of their own, the chains of
+    // several rows run at once.
+    std::vector<A> z(block * Tk), maxes(block), acc(16 * block), sums(block), sbuf(Tk), ybuf(Tk), obuf(Tk),
+        fac(drop ? block * Tk : 0);
     std::vector<int64_t> lims(block);
     std::vector<uint32_t> u(drop ? dropout_words(block * Tk) : 0);
     for (int64_t r0 = begin; r0 < end; r0 += block) {
@@ -255,9 +261,11 @@ void softmax_fwd_typed(const T* scores, const bool* key_padding_mask, T* y, T* o
         // Read as bytes: loops over bool loads do not vectorise.
         const uint8_t* pad =
             key_padding_mask ? reinterpret_cast<const uint8_t*>(key_padding_mask) + b * Tk : nullptr;
-        scale_mask_row(load_row(scores + r * Tk, sbuf.data(), lims[k]), pad, sc, z.data() + k * Tk, lims[k]);
-        sums[k] = exp_row(z.data() + k * Tk, lims[k]);
+        maxes[k] = scale_mask_row(load_row(scores + r * Tk, sbuf.data(), lims[k]), pad, sc, z.data() + k * Tk,
+                                  lims[k]);
       }
+      for (int64_t k = 0; k < nb; ++k) exp_row(z.data() + k * Tk, lims[k], maxes[k], acc.data() + k, block);
+      lane_sums(acc.data(), block, nb, sums.data());
       if (drop) block_factors(d, coords, r0, nb, Tk, causal ? lims.data() : nullptr, u.data(), fac.data());
       for (int64_t k = 0; k < nb; ++k) {
         const int64_t r = r0 + k, lim = lims[k];
