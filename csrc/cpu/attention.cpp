@@ -1,3 +1,6 @@
+// FP ops here never raise traps we care about; without this, GCC (no -ffast-math) does not compute
+// the masked scores' products unconditionally and keeps the padding-mask loop scalar, a branch per key.
+#pragma GCC optimize("no-trapping-math")
 // Attention on CPU: softmax rows in acc_t (float rows in runtime-picked AVX-512/AVX2 clones, bf16 rows
 // converted on the way in and out), and the head permutations around the attention GEMMs.
 #include "../kernels/attention.h"
@@ -33,6 +36,8 @@ inline A row_max(const A* z, int64_t n) {
   for (int k = 0; k < 16; ++k) m[k] = -std::numeric_limits<A>::infinity();
   int64_t j = 0;
   for (; j + 16 <= n; j += 16)
+    // omp simd: without it gcc keeps the 16 lanes in 16 scalar registers (one vmaxss per element).
+#pragma omp simd
     for (int k = 0; k < 16; ++k) m[k] = z[j + k] > m[k] ? z[j + k] : m[k];
   for (; j < n; ++j) m[0] = z[j] > m[0] ? z[j] : m[0];
   // The lanes pairwise (4 dependent steps, not 15): a maximum does not depend on the order. NaN never
@@ -73,6 +78,8 @@ template <typename A>
 inline A scale_mask_row_t(const A* s, const uint8_t* pad, A sc, A* z, int64_t n) {
   const A ninf = -std::numeric_limits<A>::infinity();
   if (pad) {
+    // omp simd: pad is bytes, which may alias z (and see no-trapping-math at the top).
+#pragma omp simd
     for (int64_t j = 0; j < n; ++j) z[j] = pad[j] ? ninf : sc * s[j];
   } else {
     for (int64_t j = 0; j < n; ++j) z[j] = sc * s[j];
