@@ -22,6 +22,8 @@ namespace cpu {
 // Lanes of the omp simd loop in row_sum, per storage type T, as gcc builds it: 16 floats in the
 // AVX-512 clone; double and bfloat16 rows run baseline (-march=x86-64-v3, setup.py) code, which
 // takes 4 doubles and 16 bf16 elements (found by comparing outputs bit for bit over n = 1..300).
+// The AVX2 clone's float loop has 8 lanes: on a CPU without AVX-512, float rows of 32 <= n < 64
+// now take the plain-order path too, and round as on AVX-512 CPUs (they differed before).
 template <typename T>
 constexpr int64_t kSimdLanes = std::is_same<T, double>::value ? 4 : 16;
 
