@@ -1,3 +1,6 @@
+// FP ops here never raise traps we care about; without this, GCC (no -ffast-math) does not compute
+// the masked scores' products unconditionally and keeps the padding-mask loop scalar, a branch per key.
+#pragma GCC optimize("no-trapping-math")
 // Attention on CPU: softmax rows in acc_t (float rows in runtime-picked AVX-512/AVX2 clones, bf16 rows
 // converted on the way in and out), and the head permutations around the attention GEMMs.
 #include "../kernels/attention.h"
@@ -33,23 +36,20 @@ inline A row_max(const A* z, int64_t n) {
   for (int k = 0; k < 16; ++k) m[k] = -std::numeric_limits<A>::infinity();
   int64_t j = 0;
   for (; j + 16 <= n; j += 16)
+    // omp simd: without it gcc keeps the 16 lanes in 16 scalar registers (one vmaxss per element).
+#pragma omp simd
     for (int k = 0; k < 16; ++k) m[k] = z[j + k] > m[k] ? z[j + k] : m[k];
   for (; j < n; ++j) m[0] = z[j] > m[0] ? z[j] : m[0];
-  A r = m[0];
-  for (int k = 1; k < 16; ++k) r = m[k] > r ? m[k] : r;
-  return r;
-}
-
-template <typename A>
-inline A row_sum(const A* a, int64_t n) {
-  A s[16] = {};
-  int64_t j = 0;
-  for (; j + 16 <= n; j += 16)
-    for (int k = 0; k < 16; ++k) s[k] += a[j + k];
-  for (; j < n; ++j) s[0] += a[j];
-  A r = 0;
-  for (int k = 0; k < 16; ++k) r += s[k];
-  return r;
+  // The lanes pairwise (4 dependent steps, not 15): a maximum does not depend on the order. NaN never
+  // gets in (z > m is false for it); only the sign of a zero maximum could differ, and exp(z - m) is
+  // the same for either.
+  // Unrolled, so that m stays in registers (a loop over it went through the stack, with stalled
+  // store-to-load forwarding).
+#pragma GCC unroll 4
+  for (int w = 8; w > 0; w /= 2)
+#pragma GCC unroll 8
+    for (int k = 0; k < w; ++k) m[k] = m[k + w] > m[k] ? m[k + w] : m[k];
+  return m[0];
 }
 
 // sum_j fac[j] * dout[j] * y[j] (fac == nullptr: no dropout).
@@ -73,50 +73,75 @@ inline A row_dot3(const A* fac, const A* dout, const A* y, int64_t n) {
 
 // ---- Row kernels on acc_t rows (A = float: multi-versioned; A = double: gradcheck only) ----
 
-// z[j] = sc * s[j], or -inf where pad[j] (pad may be nullptr).
+// z[j] = sc * s[j], or -inf where pad[j] (pad may be nullptr); returns max_j z[j] (-inf for n == 0).
 template <typename A>
-inline void scale_mask_row_t(const A* s, const uint8_t* pad, A sc, A* z, int64_t n) {
+inline A scale_mask_row_t(const A* s, const uint8_t* pad, A sc, A* z, int64_t n) {
   const A ninf = -std::numeric_limits<A>::infinity();
   if (pad) {
+    // omp simd: pad is bytes, which may alias z (and see no-trapping-math at the top).
+#pragma omp simd
     for (int64_t j = 0; j < n; ++j) z[j] = pad[j] ? ninf : sc * s[j];
   } else {
     for (int64_t j = 0; j < n; ++j) z[j] = sc * s[j];
   }
+  return row_max(z, n);
 }
-FLS_CPU_CLONES void scale_mask_row(const float* s, const uint8_t* pad, float sc, float* z, int64_t n) {
-  scale_mask_row_t(s, pad, sc, z, n);
+FLS_CPU_CLONES float scale_mask_row(const float* s, const uint8_t* pad, float sc, float* z, int64_t n) {
+  return scale_mask_row_t(s, pad, sc, z, n);
 }
-void scale_mask_row(const double* s, const uint8_t* pad, double sc, double* z, int64_t n) {
-  scale_mask_row_t(s, pad, sc, z, n);
+double scale_mask_row(const double* s, const uint8_t* pad, double sc, double* z, int64_t n) {
+  return scale_mask_row_t(s, pad, sc, z, n);
 }
 
-// In place z -> exp(z - max) (0 where z == -inf); returns the sum, 0 when every entry is -inf. float:
-// fls::exp_nonpos_f32 (fls/fast_math.h), which vectorises and gives exactly 0 for -inf; float64 (gradcheck
-// only): std::exp.
-FLS_CPU_CLONES float exp_row(float* z, int64_t n) {
-  const float m = row_max(z, n);
-  if (m == -std::numeric_limits<float>::infinity()) return 0.0f;
-  // exp (masked: -inf -> exactly 0) and the sum in one pass, 16 accumulators (fixed order).
-  float acc[16] = {};
-  int64_t j = 0;
-  for (; j + 16 <= n; j += 16)
-    for (int k = 0; k < 16; ++k) {
-      z[j + k] = exp_nonpos_f32(z[j + k] - m);
-      acc[k] += z[j + k];
+// In place z -> exp(z - m) (0 where z == -inf; m = the row's max), and the 16 lane sums of the row: element j adds to
+// lane j % 16, those of the last partial 16 to lane 0, each lane in element order; lane l goes to
+// acc[l * stride]. All lanes are 0 when every entry is -inf. The row's sum is then lane 0 + ... +
+// lane 15 in that order (lane_sums): a 16-step dependent chain per row, which lane_sums runs for
+// many rows side by side instead of one row after the other.
+// float: fls::exp_nonpos_f32 (fls/fast_math.h), which vectorises and gives exactly 0 for -inf;
+// float64 (gradcheck only): std::exp.
+FLS_CPU_CLONES void exp_row(float* z, int64_t n, float m, float* acc, int64_t stride) {
+  float a[16] = {};
+  if (m != -std::numeric_limits<float>::infinity()) {
+    int64_t j = 0;
+    for (; j + 16 <= n; j += 16)
+      for (int k = 0; k < 16; ++k) {
+        z[j + k] = exp_nonpos_f32(z[j + k] - m);
+        a[k] += z[j + k];
+      }
+    if (j < n) {
+      // The last partial 16 also in one vector (exp is ~40 dependent operations per element): padded
+      // with -inf (exp 0), then added to lane 0 in element order.
+      float t[16];
+      for (int k = 0; k < 16; ++k) t[k] = j + k < n ? z[j + k] - m : -std::numeric_limits<float>::infinity();
+      for (int k = 0; k < 16; ++k) t[k] = exp_nonpos_f32(t[k]);
+      for (int k = 0; j < n; ++j, ++k) {
+        z[j] = t[k];
+        a[0] += z[j];
+      }
     }
-  for (; j < n; ++j) {
-    z[j] = exp_nonpos_f32(z[j] - m);
-    acc[0] += z[j];
   }
-  float r = 0.0f;
-  for (int k = 0; k < 16; ++k) r += acc[k];
-  return r;
+  for (int k = 0; k < 16; ++k) acc[k * stride] = a[k];
 }
-double exp_row(double* z, int64_t n) {
-  const double m = row_max(z, n);
-  if (m == -std::numeric_limits<double>::infinity()) return 0.0;
-  for (int64_t j = 0; j < n; ++j) z[j] = std::exp(z[j] - m);
-  return row_sum(z, n);
+void exp_row(double* z, int64_t n, double m, double* acc, int64_t stride) {
+  double a[16] = {};
+  if (m != -std::numeric_limits<double>::infinity()) {
+    for (int64_t j = 0; j < n; ++j) z[j] = std::exp(z[j] - m);
+    int64_t j = 0;
+    for (; j + 16 <= n; j += 16)
+      for (int k = 0; k < 16; ++k) a[k] += z[j + k];
+    for (; j < n; ++j) a[0] += z[j];
+  }
+  for (int k = 0; k < 16; ++k) acc[k * stride] = a[k];
+}
+
+// sums[r] = 0 + acc[0 * stride + r] + ... + acc[15 * stride + r], added in that order, r < rows: one
+// vector lane per row.
+template <typename A>
+void lane_sums(const A* acc, int64_t stride, int64_t rows, A* sums) {
+  std::fill(sums, sums + rows, A(0));
+  for (int l = 0; l < 16; ++l)
+    for (int64_t r = 0; r < rows; ++r) sums[r] += acc[l * stride + r];
 }
 
 // y[j] = e[j] * inv; out[j] = y[j] * fac[j] when fac (dropout) is given.
@@ -192,6 +217,28 @@ void store_row(const acc_t<T>* buf, T* dst, int64_t n) {
   if constexpr (!std::is_same<T, acc_t<T>>::value) float_to_bf16(buf, reinterpret_cast<uint16_t*>(dst), n);
 }
 
+// Rows per block of the row loops: about 4096 scores, at least one row.
+int64_t block_rows(int64_t Tk) { return std::max<int64_t>(1, 4096 / std::max<int64_t>(1, Tk)); }
+
+// fac[k * Tk + j] = dropout factor of key j of row r0 + k, k < nb, j < (lims ? lims[k] : Tk). Rows that
+// follow each other in the stream (the default coordinates) are drawn at once: drawn row by row, a
+// short row pays a whole Philox batch (64 words) for its few keys. Causal rows (lims) need only their
+// first keys and are drawn row by row, like rows of other coordinates (a shard's).
+template <typename A>
+void block_factors(const DropoutParams& d, const AttentionCoords& coords, int64_t r0, int64_t nb, int64_t Tk,
+                   const int64_t* lims, uint32_t* u, A* fac) {
+  const uint64_t s0 = attention_row_stream(coords, r0);
+  bool contiguous = lims == nullptr;
+  for (int64_t k = 1; contiguous && k < nb; ++k)
+    contiguous = attention_row_stream(coords, r0 + k) == s0 + static_cast<uint64_t>(k * Tk);
+  if (contiguous) {
+    dropout_factors(d.offset + s0, nb * Tk, d, u, fac);
+    return;
+  }
+  for (int64_t k = 0; k < nb; ++k)
+    dropout_factors(d.offset + attention_row_stream(coords, r0 + k), lims ? lims[k] : Tk, d, u, fac + k * Tk);
+}
+
 template <typename T>
 void softmax_fwd_typed(const T* scores, const bool* key_padding_mask, T* y, T* out, int64_t B, int64_t H,
                            int64_t Tq, int64_t Tk, bool causal, double scale, const DropoutParams& d,
@@ -201,35 +248,50 @@ void softmax_fwd_typed(const T* scores, const bool* key_padding_mask, T* y, T* o
   if (rows == 0 || Tk == 0) return;
   const bool drop = d.threshold != 0;
   const A sc = static_cast<A>(scale);
+  const int64_t block = block_rows(Tk);
   parallel_for(rows, row_grain(Tk), [&](int64_t begin, int64_t end) {
-    std::vector<A> z(Tk), sbuf(Tk), ybuf(Tk), obuf(Tk), fac(drop ? Tk : 0);
-    std::vector<uint32_t> u(drop ? dropout_words(Tk) : 0);
-    for (int64_t r = begin; r < end; ++r) {
-      const int64_t b = r / (H * Tq), i = r % Tq;
-      // Keys j < lim survive the causal mask; the padding mask is applied on top. Keys j >= lim are
-      // not computed at all (zeros).
-      const int64_t lim = causal ? std::clamp<int64_t>(i + (Tk - Tq) + 1, 0, Tk) : Tk;
-      // Read as bytes: loops over bool loads do not vectorise.
-      const uint8_t* pad =
-          key_padding_mask ? reinterpret_cast<const uint8_t*>(key_padding_mask) + b * Tk : nullptr;
-      T* yr = y + r * Tk;
-      T* outr = drop ? out + r * Tk : nullptr;
-      scale_mask_row(load_row(scores + r * Tk, sbuf.data(), lim), pad, sc, z.data(), lim);
-      const A sum = exp_row(z.data(), lim);
-      if (sum == A(0)) {  // every key masked (or lim == 0): zeros, not 0/0
-        std::fill(yr, yr + Tk, T(0));
-        if (drop) std::fill(outr, outr + Tk, T(0));
-        continue;
+    // Per block of rows, one loop per step: every row's scaled scores and max, their exps and lane
+    // sums, the rows' sums (lane_sums), the block's dropout factors, then the outputs. Each step of a
+    // short row is a dependent chain (max, exp, 16 lanes); in a loop of their own, the chains of
+    // several rows run at once.
+    std::vector<A> z(block * Tk), maxes(block), acc(16 * block), sums(block), sbuf(Tk), ybuf(Tk), obuf(Tk),
+        fac(drop ? block * Tk : 0);
+    std::vector<int64_t> lims(block);
+    std::vector<uint32_t> u(drop ? dropout_words(block * Tk) : 0);
+    for (int64_t r0 = begin; r0 < end; r0 += block) {
+      const int64_t nb = std::min(block, end - r0);
+      for (int64_t k = 0; k < nb; ++k) {
+        const int64_t r = r0 + k, b = r / (H * Tq), i = r % Tq;
+        // Keys j < lim survive the causal mask; the padding mask is applied on top. Keys j >= lim are
+        // not computed at all (zeros).
+        lims[k] = causal ? std::clamp<int64_t>(i + (Tk - Tq) + 1, 0, Tk) : Tk;
+        // Read as bytes: loops over bool loads do not vectorise.
+        const uint8_t* pad =
+            key_padding_mask ? reinterpret_cast<const uint8_t*>(key_padding_mask) + b * Tk : nullptr;
+        maxes[k] = scale_mask_row(load_row(scores + r * Tk, sbuf.data(), lims[k]), pad, sc, z.data() + k * Tk,
+                                  lims[k]);
       }
-      A* yw = row_target(yr, ybuf.data());
-      A* ow = drop ? row_target(outr, obuf.data()) : nullptr;
-      if (drop) dropout_factors(d.offset + attention_row_stream(coords, r), lim, d, u.data(), fac.data());
-      write_row(z.data(), A(1) / sum, drop ? fac.data() : nullptr, yw, ow, lim);
-      store_row<T>(yw, yr, lim);
-      std::fill(yr + lim, yr + Tk, T(0));
-      if (drop) {
-        store_row<T>(ow, outr, lim);
-        std::fill(outr + lim, outr + Tk, T(0));
+      for (int64_t k = 0; k < nb; ++k) exp_row(z.data() + k * Tk, lims[k], maxes[k], acc.data() + k, block);
+      lane_sums(acc.data(), block, nb, sums.data());
+      if (drop) block_factors(d, coords, r0, nb, Tk, causal ? lims.data() : nullptr, u.data(), fac.data());
+      for (int64_t k = 0; k < nb; ++k) {
+        const int64_t r = r0 + k, lim = lims[k];
+        T* yr = y + r * Tk;
+        T* outr = drop ? out + r * Tk : nullptr;
+        if (sums[k] == A(0)) {  // every key masked (or lim == 0): zeros, not 0/0
+          std::fill(yr, yr + Tk, T(0));
+          if (drop) std::fill(outr, outr + Tk, T(0));
+          continue;
+        }
+        A* yw = row_target(yr, ybuf.data());
+        A* ow = drop ? row_target(outr, obuf.data()) : nullptr;
+        write_row(z.data() + k * Tk, A(1) / sums[k], drop ? fac.data() + k * Tk : nullptr, yw, ow, lim);
+        store_row<T>(yw, yr, lim);
+        std::fill(yr + lim, yr + Tk, T(0));
+        if (drop) {
+          store_row<T>(ow, outr, lim);
+          std::fill(outr + lim, outr + Tk, T(0));
+        }
       }
     }
   });
@@ -242,16 +304,20 @@ void softmax_bwd_typed(const T* dout, const T* y, T* dscores, int64_t rows, int6
   if (rows == 0 || Tk == 0) return;
   const bool drop = d.threshold != 0;
   const A sc = static_cast<A>(scale);
+  const int64_t block = drop ? block_rows(Tk) : 1;
   parallel_for(rows, row_grain(Tk), [&](int64_t begin, int64_t end) {
-    std::vector<A> gbuf(Tk), ybuf(Tk), dbuf(Tk), fac(drop ? Tk : 0);
-    std::vector<uint32_t> u(drop ? dropout_words(Tk) : 0);
-    for (int64_t r = begin; r < end; ++r) {
+    std::vector<A> gbuf(Tk), ybuf(Tk), dbuf(Tk), fac(drop ? block * Tk : 0);
+    std::vector<uint32_t> u(drop ? dropout_words(block * Tk) : 0);
+    for (int64_t r0 = begin; r0 < end; r0 += block) {
+      const int64_t nb = std::min(block, end - r0);
       // The dropout mask is regenerated from (seed, offset + the row's stream start), not stored.
-      if (drop) dropout_factors(d.offset + attention_row_stream(coords, r), Tk, d, u.data(), fac.data());
-      A* dw = row_target(dscores + r * Tk, dbuf.data());
-      bwd_row(load_row(dout + r * Tk, gbuf.data(), Tk), load_row(y + r * Tk, ybuf.data(), Tk),
-              drop ? fac.data() : nullptr, sc, dw, Tk);
-      store_row<T>(dw, dscores + r * Tk, Tk);
+      if (drop) block_factors(d, coords, r0, nb, Tk, nullptr, u.data(), fac.data());
+      for (int64_t r = r0; r < r0 + nb; ++r) {
+        A* dw = row_target(dscores + r * Tk, dbuf.data());
+        bwd_row(load_row(dout + r * Tk, gbuf.data(), Tk), load_row(y + r * Tk, ybuf.data(), Tk),
+                drop ? fac.data() + (r - r0) * Tk : nullptr, sc, dw, Tk);
+        store_row<T>(dw, dscores + r * Tk, Tk);
+      }
     }
   });
 }

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <type_traits>
 
 #include "cpu_common.h"
 #include "fls/fast_math.h"
@@ -38,20 +39,63 @@ __attribute__((always_inline)) inline void row_stats_impl(const T* z, int64_t V,
     m = x > m ? x : m;
   }
   // Summed in blocks of kSumBlock (vector lanes within a block, then block totals), so the
-  // rounding error grows with kSumBlock + V / kSumBlock rather than with V. simdlen(8): 8 partial
-  // sums whatever the clone's vector width (AVX2 = 8 lanes), so the AVX-512 clone rounds alike.
+  // rounding error grows with kSumBlock + V / kSumBlock rather than with V. 8 partial sums per block
+  // whatever the clone's vector width, so every clone rounds alike: element v0 + 8i + k goes to lane
+  // k, the last V % 8 elements of a block to lane 0, and the lanes are added 0 to 7 (the order of the
+  // `omp simd simdlen(8)` reduction this replaced, bit for bit). The exps run 16 at a time, which
+  // the AVX-512 clone does in one vector; lanes then take elements 0-7 and 8-15 in turn, the same
+  // order as two steps of 8.
   A s = 0, d = 0;
   for (int64_t v0 = 0; v0 < V; v0 += kSumBlock) {
     const int64_t v1 = std::min(V, v0 + kSumBlock);
-    A sb = 0, db = 0;
-#pragma omp simd simdlen(8) reduction(+ : sb, db)
-    for (int64_t v = v0; v < v1; ++v) {
-      const A x = static_cast<A>(z[v]) - m;
-      sb += exp_nonpos_acc(x);
-      db -= x;
+    if constexpr (std::is_same<A, double>::value) {
+      // float64 (gradcheck only): std::exp does not vectorise, and the omp simd loop this replaced
+      // ran in element order.
+      A sb = 0, db = 0;
+      for (int64_t v = v0; v < v1; ++v) {
+        const A x = static_cast<A>(z[v]) - m;
+        sb += exp_nonpos_acc(x);
+        db -= x;
+      }
+      s += sb;
+      d += db;
+      continue;
     }
-    s += sb;
-    d += db;
+    A sb[8] = {}, db[8] = {};
+    int64_t v = v0;
+    for (; v + 16 <= v1; v += 16) {
+      A x[16], e[16];
+#pragma omp simd
+      for (int k = 0; k < 16; ++k) {
+        x[k] = static_cast<A>(z[v + k]) - m;
+        e[k] = exp_nonpos_acc(x[k]);
+      }
+      for (int h = 0; h < 16; h += 8)
+#pragma omp simd
+        for (int k = 0; k < 8; ++k) {
+          sb[k] += e[h + k];
+          db[k] -= x[h + k];
+        }
+    }
+    for (; v + 8 <= v1; v += 8)
+#pragma omp simd
+      for (int k = 0; k < 8; ++k) {
+        const A x = static_cast<A>(z[v + k]) - m;
+        sb[k] += exp_nonpos_acc(x);
+        db[k] -= x;
+      }
+    for (; v < v1; ++v) {
+      const A x = static_cast<A>(z[v]) - m;
+      sb[0] += exp_nonpos_acc(x);
+      db[0] -= x;
+    }
+    A sbt = 0, dbt = 0;
+    for (int k = 0; k < 8; ++k) {
+      sbt += sb[k];
+      dbt += db[k];
+    }
+    s += sbt;
+    d += dbt;
   }
   m_out = m;
   s_out = s;

@@ -137,18 +137,25 @@ void bwd_impl(const T* dy, const T* x, const T* bias, T* dx, T* dbias, int64_t r
   const int64_t chunks = (rows + kRowsPerChunk - 1) / kRowsPerChunk;
   std::vector<A> partial(static_cast<size_t>(chunks * cols));
   // Step 1: per chunk of rows, dx and the chunk's column sums (rows in order).
+  // The factors of consecutive rows are consecutive stream elements: they are drawn for up to kBlock
+  // elements of rows at once (at least one row), not row by row, which would pad every short row to
+  // a whole Philox batch.
+  const int64_t rows_per_draw = std::clamp<int64_t>(kBlock / cols, 1, kRowsPerChunk);
   parallel_for(chunks, grain_for(kRowsPerChunk * cols), [&](int64_t k0, int64_t k1) {
-    std::vector<A> fbuf(cols);
-    std::vector<uint32_t> u(dropout_words(cols));
-    A* f = fbuf.data();
+    std::vector<A> fbuf(rows_per_draw * cols);
+    std::vector<uint32_t> u(dropout_words(rows_per_draw * cols));
     for (int64_t k = k0; k < k1; ++k) {
       A* s = partial.data() + k * cols;
       std::fill(s, s + cols, A(0));
       const int64_t r1 = std::min(rows, (k + 1) * kRowsPerChunk);
-      for (int64_t r = k * kRowsPerChunk; r < r1; ++r) {
-        const int64_t e0 = r * cols;
-        fill_factors(f, d.offset + static_cast<uint64_t>(e0), cols, d, u.data());
-        row_bwd<T, ACT>(dy + e0, ACT == Act::kIdentity ? nullptr : x + e0, bias, f, dx + e0, s, cols);
+      for (int64_t r0 = k * kRowsPerChunk; r0 < r1; r0 += rows_per_draw) {
+        const int64_t n_rows = std::min(rows_per_draw, r1 - r0);
+        fill_factors(fbuf.data(), d.offset + static_cast<uint64_t>(r0 * cols), n_rows * cols, d, u.data());
+        for (int64_t r = r0; r < r0 + n_rows; ++r) {  // rows in order: the chunk's column sums are unchanged
+          const int64_t e0 = r * cols;
+          row_bwd<T, ACT>(dy + e0, ACT == Act::kIdentity ? nullptr : x + e0, bias, fbuf.data() + (r - r0) * cols,
+                          dx + e0, s, cols);
+        }
       }
     }
   });

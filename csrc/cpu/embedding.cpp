@@ -35,10 +35,19 @@ void fwd_typed(const int64_t* tokens, const int64_t* positions, const T* weight,
   using A = acc_t<T>;
   const A sc = static_cast<A>(scale);
   const bool drop = d.threshold != 0;
-  // Rows are independent; a few rows per task keep the Philox/gather work balanced.
-  parallel_for(n, std::max<int64_t>(1, 4096 / std::max<int64_t>(dim, 1)), [&](int64_t begin, int64_t end) {
-    RowDropout<A> rd(drop, dim);
+  // Rows are independent; a few rows per task keep the Philox/gather work balanced. Their dropout
+  // factors are consecutive stream elements, drawn for the task's rows at once: row by row, a short row
+  // pays a whole Philox batch (philox_batch.h) for its few groups.
+  const int64_t grain = std::max<int64_t>(1, 4096 / std::max<int64_t>(dim, 1));
+  parallel_for(n, grain, [&](int64_t begin, int64_t end) {
+    std::vector<A> factors(drop ? grain * dim : 0);
+    std::vector<uint32_t> words(drop ? dropout_words(grain * dim) : 0);
     for (int64_t r = begin; r < end; ++r) {
+      if (drop && (r - begin) % grain == 0) {
+        const int64_t rows = std::min(grain, end - r);
+        dropout_select<A>(d.offset + static_cast<uint64_t>(r * dim), rows * dim, d, words.data(),
+                          static_cast<A>(d.scale), A(0), factors.data());
+      }
       T* o = out + r * dim;
       const int64_t tok = tokens[r];
       if (tok == padding_idx) {
@@ -48,7 +57,7 @@ void fwd_typed(const int64_t* tokens, const int64_t* positions, const T* weight,
       const T* w = weight + tok * dim;
       // Same order of operations as the reference: (scale * w + p), then * keep * 1/(1-p).
       if (drop) {
-        const A* f = rd.compute(r, dim, A(1), d);
+        const A* f = factors.data() + ((r - begin) % grain) * dim;
         if (pos_weight != nullptr) {
           const T* p = pos_weight + positions[r] * dim;
           for (int64_t c = 0; c < dim; ++c)

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <memory>
+#include <type_traits>
 
 #include "column_sum.h"
 #include "cpu_common.h"
@@ -18,6 +19,14 @@ namespace cpu {
 // double (gradcheck) and BFloat16 call the template directly. always_inline: otherwise gcc may
 // call one shared baseline copy of the template from every clone, which then runs no AVX-512.
 
+// Lanes of the omp simd loop in row_sum, per storage type T, as gcc builds it: 16 floats in the
+// AVX-512 clone; double and bfloat16 rows run baseline (-march=x86-64-v3, setup.py) code, which
+// takes 4 doubles and 16 bf16 elements (found by comparing outputs bit for bit over n = 1..300).
+// The AVX2 clone's float loop has 8 lanes: on a CPU without AVX-512, float rows of 32 <= n < 64
+// now take the plain-order path too, and round as on AVX-512 CPUs (they differed before).
+template <typename T>
+constexpr int64_t kSimdLanes = std::is_same<T, double>::value ? 4 : 16;
+
 // Sum of f(x[c]) over a row of n, as four partial sums over the row's quarters. A single vector
 // accumulator is latency bound once the row is in L1 (one add every ~4 cycles, gcc does not split
 // it); four independent ones are not. The quarters keep every load stream contiguous.
@@ -27,39 +36,53 @@ __attribute__((always_inline)) inline acc_t<T> row_sum(const T* x, int64_t n, F 
   const int64_t q = n / 4;
   const T *x1 = x + q, *x2 = x + 2 * q, *x3 = x + 3 * q;
   A s0 = 0, s1 = 0, s2 = 0, s3 = 0;
-  // omp simd: lets the compiler reorder (vectorise) the sums, which strict IEEE forbids.
+  if (q < kSimdLanes<T>) {
+    // Short rows (float: n < 64): the vector loop below would not run a single iteration, and gcc's
+    // omp simd reduction then still adds up its 16 (zero) lanes one after the other from the stack,
+    // 64 dependent adds per call: most of the forward's time at n = 32. Sums in plain element
+    // order are what that loop computes then (its lanes start at +0, so adding them changes nothing).
+    for (int64_t c = 0; c < q; ++c) {
+      s0 += f(static_cast<A>(x[c]));
+      s1 += f(static_cast<A>(x1[c]));
+      s2 += f(static_cast<A>(x2[c]));
+      s3 += f(static_cast<A>(x3[c]));
+    }
+  } else {
+    // omp simd: lets the compiler reorder (vectorise) the sums, which strict IEEE forbids.
 #pragma omp simd reduction(+ : s0, s1, s2, s3)
-  for (int64_t c = 0; c < q; ++c) {
-    s0 += f(static_cast<A>(x[c]));
-    s1 += f(static_cast<A>(x1[c]));
-    s2 += f(static_cast<A>(x2[c]));
-    s3 += f(static_cast<A>(x3[c]));
+    for (int64_t c = 0; c < q; ++c) {
+      s0 += f(static_cast<A>(x[c]));
+      s1 += f(static_cast<A>(x1[c]));
+      s2 += f(static_cast<A>(x2[c]));
+      s3 += f(static_cast<A>(x3[c]));
+    }
   }
   for (int64_t c = 4 * q; c < n; ++c) s0 += f(static_cast<A>(x[c]));
   return (s0 + s1) + (s2 + s3);
 }
 
-// One row of the forward: y = (x - mean) * rstd * weight + bias; returns mean and rstd.
+// Mean and rstd of one row. Two passes (mean, then centred squares): stable for inputs with a large
+// mean; the row is in L1 for the second pass.
 template <typename T>
-__attribute__((always_inline)) inline void fwd_row(const T* x, const T* weight, const T* bias, T* y,
-                                                   acc_t<T>* mean, acc_t<T>* rstd, int64_t n, acc_t<T> eps) {
+__attribute__((always_inline)) inline void row_stats(const T* x, int64_t n, acc_t<T> eps, acc_t<T>* mean,
+                                                     acc_t<T>* rstd) {
   using A = acc_t<T>;
-  // Two passes (mean, then centred squares): stable for inputs with a large mean; the row is in L1
-  // for the second pass.
   const A mu = row_sum(x, n, [](A v) { return v; }) / static_cast<A>(n);
   const A sq = row_sum(x, n, [mu](A v) { return (v - mu) * (v - mu); });
-  const A rs = A(1) / std::sqrt(sq / static_cast<A>(n) + eps);
+  *mean = mu;
+  *rstd = A(1) / std::sqrt(sq / static_cast<A>(n) + eps);
+}
+
+// One row of the output: y = (x - mean) * rstd * weight + bias.
+template <typename T>
+__attribute__((always_inline)) inline void row_out(const T* x, const T* weight, const T* bias, acc_t<T> mu,
+                                                   acc_t<T> rs, T* y, int64_t n) {
+  using A = acc_t<T>;
 #pragma omp simd
   for (int64_t c = 0; c < n; ++c) {
     const A xh = (static_cast<A>(x[c]) - mu) * rs;
     y[c] = static_cast<T>(xh * static_cast<A>(weight[c]) + static_cast<A>(bias[c]));
   }
-  *mean = mu;
-  *rstd = rs;
-}
-FLS_CPU_CLONES void fwd_row(const float* x, const float* weight, const float* bias, float* y, float* mean,
-                            float* rstd, int64_t n, float eps) {
-  fwd_row<float>(x, weight, bias, y, mean, rstd, n, eps);
 }
 
 // One row of the backward: dx, and the row's terms of the dweight (dy * xhat) and dbias (dy) column
@@ -119,14 +142,35 @@ inline void prefetch_row_start(const T* p, int64_t n) {
   for (int64_t c = 0; c < end; c += kLine) __builtin_prefetch(p + c);
 }
 
+// Rows [0, rows) of the forward, in blocks of rows that fit in L1 (one row from 4 KiB up): first the
+// block's statistics, then its outputs. A short row's statistics are one dependent chain (sums,
+// divide, sqrt) of ~100 cycles over a few loads; in a loop of their own the CPU runs several rows'
+// chains at once (1.4x faster at n = 32 than statistics and output row by row).
+template <typename T>
+__attribute__((always_inline)) inline void fwd_rows(const T* x, const T* weight, const T* bias, T* y,
+                                                    acc_t<T>* mean, acc_t<T>* rstd, int64_t rows, int64_t n,
+                                                    acc_t<T> eps) {
+  const int64_t block = std::max<int64_t>(1, 4096 / (n * static_cast<int64_t>(sizeof(T))));
+  for (int64_t r0 = 0; r0 < rows; r0 += block) {
+    const int64_t r1 = std::min(rows, r0 + block);
+    for (int64_t r = r0; r < r1; ++r) {
+      if (r + 1 < rows) prefetch_row_start(x + (r + 1) * n, n);
+      row_stats(x + r * n, n, eps, mean + r, rstd + r);
+    }
+    for (int64_t r = r0; r < r1; ++r) row_out(x + r * n, weight, bias, mean[r], rstd[r], y + r * n, n);
+  }
+}
+FLS_CPU_CLONES void fwd_rows(const float* x, const float* weight, const float* bias, float* y, float* mean,
+                             float* rstd, int64_t rows, int64_t n, float eps) {
+  fwd_rows<float>(x, weight, bias, y, mean, rstd, rows, n, eps);
+}
+
 template <typename T>
 void fwd_impl(const T* x, const T* weight, const T* bias, T* y, acc_t<T>* mean, acc_t<T>* rstd, int64_t rows,
               int64_t cols, double eps) {
   parallel_for(rows, grain_for(cols), [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) {
-      if (r + 1 < end) prefetch_row_start(x + (r + 1) * cols, cols);
-      fwd_row(x + r * cols, weight, bias, y + r * cols, mean + r, rstd + r, cols, static_cast<acc_t<T>>(eps));
-    }
+    fwd_rows(x + begin * cols, weight, bias, y + begin * cols, mean + begin, rstd + begin, end - begin, cols,
+             static_cast<acc_t<T>>(eps));
   });
 }
 

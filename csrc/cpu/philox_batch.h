@@ -11,8 +11,9 @@ namespace fls {
 namespace cpu {
 
 // u[k] = word k % 4 of philox4x32_10(group g0 + k / 4, seed) for k < 4 * n: the stream words of the
-// 4n elements 4*g0 .. 4*(g0+n)-1. Runs as lane loops over 16 groups so the 32x32->64 multiplies
-// vectorise, in a runtime-picked AVX-512 / AVX2 / baseline clone (philox_batch.cpp).
+// 4n elements 4*g0 .. 4*(g0+n)-1. AVX-512 (16 groups per vector) or AVX2 (8) intrinsics, or a
+// portable loop, picked at the first call (philox_batch.cpp); whole batches of 16 or 8 groups are
+// computed, so callers draw many elements at once rather than a few per call.
 void philox_words(uint64_t g0, int64_t n, uint64_t seed, uint32_t* u);
 
 // Words of philox_words needed by dropout_select for n elements (any offset): n + 8 is enough.

@@ -72,6 +72,25 @@ def test_offset_shifts_the_mask_like_the_reference(offset):
     assert_close(db, dx.sum(0))
 
 
+@pytest.mark.parametrize("cols", [1, 3, 5, 33, 129, 4099])
+@pytest.mark.parametrize("offset", [0, 1, 2, 3, 6, 4 * ((1 << 32) - 3) + 1])
+def test_backward_regenerates_exactly_the_forward_mask(cols, offset):
+    """The backward draws the factors of several rows at once (rows follow each other in the stream):
+    row widths that are not multiples of 4 put row starts mid Philox group, 129 columns give draws of
+    31 rows that do not divide the 32-row column-sum chunks, 4099 one row per draw, and the last offset
+    wraps the counter's low word. dx must be exactly dy * keep * scale (one multiply in fp32)."""
+    rows = 70
+    dy = randn(rows, cols, seed=cols)
+    keep = reference.keep_mask(rows * cols, 0.3, SEED, offset).view(rows, cols)
+    scale = reference.philox.dropout_scale(0.3)  # float32, as the kernels
+    want = torch.where(keep, dy * scale, torch.zeros(()))
+    dx, _ = torch.ops.fairseq_lightseq.bias_dropout_residual_bwd(dy, 0.3, SEED, offset)
+    assert torch.equal(dx, want)
+    b = randn(cols, seed=1)
+    dx, _ = torch.ops.fairseq_lightseq.bias_act_dropout_bwd(dy, dy, b, 0.3, "relu", SEED, offset)
+    assert torch.equal(dx, torch.where(dy + b > 0, want, torch.zeros(())))
+
+
 @pytest.mark.parametrize("shape", [(3, 7), (1, 5), (2, 3, 4)])
 def test_gradcheck_bias_dropout_residual_float64(shape):
     (x, b, r), _ = _inputs(shape, "cpu", torch.float64, 3)

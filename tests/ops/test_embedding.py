@@ -120,6 +120,18 @@ def test_dropout_offset_matches_reference(offset, e):
         assert_close(g, r)
 
 
+@pytest.mark.parametrize("offset", [0, 3, 2**35 + 5])
+def test_dropout_drawn_for_blocks_of_rows_matches_reference(offset):
+    """The forward draws the factors of up to 4096 elements of rows at once: 640 rows of 33, at most
+    2 threads' chunks of 320 rows, split into blocks of 124 rows, whose starts are mid Philox group
+    (odd width, offset % 4 != 0)."""
+    tok = _tokens(16, 40, 20, "left")
+    w, pw = _tables(20, 33, "learned", 40 + PAD + 1, "cpu", torch.float32)
+    positions = reference.make_positions(tok, PAD)
+    y = EmbeddingFunction.apply(tok, w, pw, positions, PAD, 1.5, 0.4, 2024, offset)
+    assert torch.equal(y, reference.embedding(tok, w, pw, PAD, 1.5, 0.4, 2024, offset))
+
+
 @pytest.mark.parametrize("learned", [False, True], ids=["sinusoidal", "learned"])
 @pytest.mark.parametrize("layout", ["right", "left"])
 def test_matches_fairseq_embedding_path(learned, layout):

@@ -1,6 +1,9 @@
 """Philox4x32-10 and the dropout keep mask: known-answer vectors, the compiled generator against the
 pure-PyTorch reference bit for bit, statistics, seeding and the no-RNG cases."""
 import math
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -56,6 +59,38 @@ def test_cpu_mask_equals_reference(seed, offset, numel):
 @pytest.mark.parametrize("p", [0.0, 1e-9, 0.1, 0.5, 0.9, 1.0])
 def test_cpu_mask_equals_reference_over_p(p):
     assert torch.equal(ops.dropout_mask(10001, p, 99, 13, "cpu"), philox.keep_mask(10001, p, 99, 13))
+
+
+# Draws whose counter's low word wraps around inside one Philox batch (group 2^32 - 3 onwards).
+WRAP_OFFSET = 4 * ((1 << 32) - 3) + 1
+
+_VERSION_CHILD = """
+import torch
+from fairseq_lightseq import ops
+from fairseq_lightseq.ops.reference import philox
+for numel in (1, 3, 31, 32, 33, 63, 64, 65, 4097):
+    for offset in (0, 1, 2, 7, {wrap}):
+        for seed in (0, -7, 12345):
+            got = ops.dropout_mask(numel, 0.37, seed, offset, "cpu")
+            assert torch.equal(got, philox.keep_mask(numel, 0.37, seed, offset)), (numel, offset, seed)
+print("OK")
+"""
+
+
+@pytest.mark.parametrize("version", ["portable", "avx2", "widest"])
+def test_every_cpu_philox_version_equals_reference(version):
+    """philox_batch.cpp has AVX-512, AVX2 and portable versions and runs the widest the CPU has;
+    FLS_CPU_PHILOX picks a narrower one (read once per process, hence a child process), so each
+    is checked here against the reference, including a counter whose low word wraps inside a batch.
+    A version the CPU lacks falls back to a narrower one, which is then what gets checked."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
+    env.pop("FLS_CPU_PHILOX", None)
+    if version != "widest":
+        env["FLS_CPU_PHILOX"] = version
+    code = _VERSION_CHILD.format(wrap=WRAP_OFFSET)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode == 0 and "OK" in r.stdout, (r.stdout + r.stderr)[-3000:]
 
 
 def test_mask_of_a_shifted_window_is_a_slice():
