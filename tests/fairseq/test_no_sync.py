@@ -47,12 +47,21 @@ def _setup(device, **overrides):
 
 
 def _train_step(model, criterion, optimizer, sample, scale):
-    """Our part of fairseq's train step: criterion(model, sample) (forward and loss), backward, and
-    the optimizer's step with a tensor scale (what FP16Optimizer passes after gradient clipping)."""
+    """Our part of fairseq's train step: the criterion's loss (the fused output projection + loss, as its
+    forward runs it, and the accuracy counts; not the forward's logging, which reads values as fairseq's
+    does) and the logits path too, backward, the Trainer's multiply_grads and clip_grad_norm, and the
+    optimizer's step with a tensor scale (what FP16Optimizer passes after gradient clipping)."""
+    weight = criterion.projection_weight(model)
+    assert weight is not None
+    net_output = model(**sample["net_input"], features_only=True)
+    loss, _, argmax, target = criterion.loss_and_nll(model, net_output, sample, True, weight)
+    criterion._accuracy(argmax, target)
     net_output = model(**sample["net_input"])
-    loss, _ = criterion.compute_loss(model, net_output, sample)
+    loss = loss + criterion.compute_loss(model, net_output, sample)[0]
     criterion.compute_accuracy(model, net_output, sample)
     optimizer.backward(loss)
+    optimizer.multiply_grads(0.5)
+    optimizer.clip_grad_norm(1.0)
     optimizer.step(scale=scale)
     optimizer.zero_grad()
 
