@@ -274,6 +274,9 @@ def print_throughput(prec, res, sides):
 
 
 def host_overhead(a) -> dict:
+    if "ls" not in a.sides or len(a.sides) < 2:
+        raise SystemExit(f"--host-overhead compares ls with a baseline: --sides must name ls and fairseq or "
+                         f"fairseq_fused, got {','.join(a.sides)}")
     a.arch_size, a.device = "big", "cpu"
     data_bin = data_bin_for(a, a.host_pairs, a.host_vocab)
     tmp = tempfile.TemporaryDirectory(prefix="fls_bench_host_")

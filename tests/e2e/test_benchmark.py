@@ -65,6 +65,12 @@ def test_host_overhead_profiles_both_sides(tmp_path):
     assert "target <= 0.5x" in log
 
 
+def test_host_overhead_without_a_baseline_is_refused(tmp_path):
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "benchmark.py"), "--host-overhead", "--sides",
+                        "ls", "--cache-dir", str(tmp_path / "cache")], capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0 and "--sides must name ls and fairseq" in r.stderr
+
+
 @pytest.mark.parametrize("attention", ["auto", "sdpa"])
 def test_activation_bytes_counts_both_sides(tmp_path, attention):
     res, log = bench(tmp_path, "act", "--activation-bytes", "--corpus-pairs", "3000", "--vocab", "304",
