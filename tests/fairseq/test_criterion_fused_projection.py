@@ -147,3 +147,18 @@ def test_unreduced_loss_takes_the_logits_path():
     ref, _, _ = LabelSmoothedCrossEntropyCriterion(task, False, 0.1)(model, sample, reduce=False)
     assert ours.shape == ref.shape == (sample["target"].numel(), 1)
     torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("model_cls", ["ls", "fairseq"])
+def test_fused_projection_with_decoder_output_dim(model_cls):
+    """--decoder-output-dim: the features are the decoder's output after project_out_dim (what the
+    projection takes), on ours and on fairseq's own transformer run with our criterion."""
+    task = make_task()
+    cls = LSTransformerModel if model_cls == "ls" else TransformerModel
+    model = perturb_(build(cls, task, decoder_output_dim=12, decoder_ffn_embed_dim=20, decoder_attention_heads=2), 5)
+    assert model.decoder.project_out_dim is not None
+    sample = _sample(task, seed=6)
+    ours = _run(LsLabelSmoothedCrossEntropyCriterion, model, task, sample)
+    ref = _run(LabelSmoothedCrossEntropyCriterion, model, task, sample)
+    _assert_same(ours, ref)
+    assert not _logits_sized(ours[4], 1, len(task.target_dictionary))
