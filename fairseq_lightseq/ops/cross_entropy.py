@@ -156,9 +156,9 @@ def _is_uniform(grad):
     return grad.dim() == 0 or grad.numel() <= 1 or grad.stride(0) == 0
 
 
-def _scaled(grad, c, like):
-    """grad (fp32/fp64) * c, in like's dtype: the saved gradient of sum(loss) times the upstream one."""
-    return (grad * c.to(grad.dtype)).to(like.dtype)
+def _scaled(grad, c, dtype):
+    """grad (fp32/fp64) * c, in `dtype`: the saved gradient of sum(loss) times the upstream one."""
+    return (grad * c.to(grad.dtype)).to(dtype)
 
 
 class LinearLabelSmoothedCrossEntropyFunction(torch.autograd.Function):
@@ -191,8 +191,8 @@ class LinearLabelSmoothedCrossEntropyFunction(torch.autograd.Function):
             return (None, None) + none
         if dnll is None and _is_uniform(dloss):
             c = dloss.reshape(-1)[:1] if dloss.numel() else dloss.new_zeros(1)
-            return (_scaled(dhidden_1, c, hidden) if need_h else None,
-                    _scaled(dweight_1, c, weight) if need_w else None) + none
+            return (_scaled(dhidden_1, c, hidden.dtype) if need_h else None,
+                    _scaled(dweight_1, c, weight.dtype) if need_w else None) + none
         # General per-token gradients: recompute each chunk's logits and apply them exactly.
         epsilon, ignore_index, rows = ctx.args
         ops = _backend.ops()
@@ -238,8 +238,8 @@ class LinearLabelSmoothedCrossEntropySumFunction(torch.autograd.Function):
     def backward(ctx, g, _dnll, _dargmax):
         dhidden, dweight = ctx.saved_tensors
         h_dtype, w_dtype = ctx.dtypes
-        dh = (dhidden * g.to(dhidden.dtype)).to(h_dtype) if dhidden is not None else None
-        dw = (dweight * g.to(dweight.dtype)).to(w_dtype) if dweight is not None else None
+        dh = _scaled(dhidden, g, h_dtype) if dhidden is not None else None
+        dw = _scaled(dweight, g, w_dtype) if dweight is not None else None
         return (dh, dw) + (None,) * 5
 
 

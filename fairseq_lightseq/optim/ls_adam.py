@@ -201,6 +201,7 @@ class LSAdam(FairseqOptimizer):
         # steps: under --bf16 let it unscale the grads itself.
         self._optimizer = FusedAdam(params, **self.optimizer_config,
                                     step_with_scale=not getattr(cfg, "bf16", False))
+        self._pending_factor = 1.0  # fairseq's multiply_grads factor, not yet applied (see below)
 
     @property
     def optimizer_config(self):
@@ -222,16 +223,13 @@ class LSAdam(FairseqOptimizer):
     # the raw grads' norm times the factor. A fallback path below that reads the grads itself gets them
     # multiplied first (_apply_grad_factor); zero_grad and step clear the factor.
 
-    def _grad_factor(self):
-        return getattr(self, "_pending_factor", 1.0)
-
     def multiply_grads(self, c):
         """Multiplies the grads by c (float or 0-dim tensor): recorded, applied by step()."""
-        self._pending_factor = self._grad_factor() * c
+        self._pending_factor = self._pending_factor * c
 
     def _apply_grad_factor(self):
         """Multiplies the grads by the pending factor now (for code that reads them directly)."""
-        c = self._grad_factor()
+        c = self._pending_factor
         self._pending_factor = 1.0
         if torch.is_tensor(c) or c != 1.0:
             super().multiply_grads(c)
@@ -248,7 +246,7 @@ class LSAdam(FairseqOptimizer):
         """fairseq's step (grads divided by `scale`) with the pending factor folded into that division:
         FusedAdam takes it as the kernel's grad scale (a float) or divides on the device (a tensor, e.g.
         after clipping), whether or not fairseq's wrappers were told it steps with a scale."""
-        c = self._grad_factor()
+        c = self._pending_factor
         if not torch.is_tensor(c) and c == 0:  # nothing to divide by: zero the grads, as fairseq would
             self._apply_grad_factor()
             c = 1.0
@@ -274,7 +272,7 @@ class LSAdam(FairseqOptimizer):
         except TypeError:  # torch before _foreach_norm's dtype argument
             self._apply_grad_factor()
             return super().clip_grad_norm(max_norm, aggregate_norm_fn)
-        c = self._grad_factor()
+        c = self._pending_factor
         total_norm = torch.linalg.vector_norm(torch.stack(norms))
         total_norm = total_norm * (c.abs() if torch.is_tensor(c) else abs(c))
         if aggregate_norm_fn is not None:
