@@ -4,19 +4,20 @@
     python scripts/convert_checkpoint.py IN.pt OUT.pt --to lightseq   # fairseq's -> ls_*
     python scripts/convert_checkpoint.py IN.pt OUT.pt --to fairseq    # ls_* -> fairseq's
 
-Three pairs of implementations share their state exactly, so only the names a checkpoint records
-change; model weights, optimizer state (Adam's step/exp_avg/exp_avg_sq per parameter, in the same
+Our models, criteria and optimizer share their state exactly with fairseq's (the pairs are listed in
+fairseq_lightseq/families.py), so only the names a checkpoint records change; model weights, optimizer state (Adam's step/exp_avg/exp_avg_sq per parameter, in the same
 parameter order, and fp16 loss scale), lr scheduler, num_updates, dataloader position and everything
 else are kept as they are:
 
-  model      transformer_X (arch)              <-> ls_transformer_X
-  criterion  label_smoothed_cross_entropy       <-> ls_label_smoothed_cross_entropy
-  optimizer  adam                               <-> ls_adam
+  model      transformer_X, transformer_lm_X (arch)  <-> ls_transformer_X, ls_transformer_lm_X
+  criterion  label_smoothed_cross_entropy            <-> ls_label_smoothed_cross_entropy
+             cross_entropy                           <-> ls_cross_entropy
+  optimizer  adam                                    <-> ls_adam
 
 The names are rewritten where fairseq records them: `cfg.model` (`_name`, `arch`, and a legacy
 model's copies of `criterion`/`optimizer`), `cfg.criterion._name`, `cfg.optimizer._name`, the old
 `args`, and the class names in `optimizer_history` that `--restore-file` checks against the running
-criterion and optimizer (LabelSmoothedCrossEntropyCriterion/LsLabelSmoothedCrossEntropyCriterion,
+criterion and optimizer (LabelSmoothedCrossEntropyCriterion/LsLabelSmoothedCrossEntropyCriterion, ...,
 FairseqAdam/LSAdam; fp16 wrappers such as FP16Optimizer are the same for both). A run can therefore
 switch implementations mid-training: train natively, convert with --to lightseq, and continue with
 `--restore-file OUT.pt --arch ls_transformer_X --criterion ls_label_smoothed_cross_entropy
@@ -33,44 +34,32 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from fairseq.criterions.label_smoothed_cross_entropy import LabelSmoothedCrossEntropyCriterion  # noqa: E402
-from fairseq.optim.adam import FairseqAdam  # noqa: E402
-
 from fairseq_lightseq import checkpoint_safety  # noqa: E402,F401  (torch.load of fairseq checkpoints)
-from fairseq_lightseq.criterions.ls_label_smoothed_cross_entropy import (  # noqa: E402
-    LsLabelSmoothedCrossEntropyCriterion,
-)
-from fairseq_lightseq.models.ls_transformer import ARCHITECTURES, check_supported  # noqa: E402
-from fairseq_lightseq.optim.ls_adam import LSAdam  # noqa: E402
+from fairseq_lightseq.families import CRITERIA, OPTIMIZERS, PREFIX, family_of  # noqa: E402
 
-PREFIX = "ls_"
 PARTS = ("model", "criterion", "optimizer")
-# (fairseq's, ours): the registry name in cfg/args, the class name in optimizer_history.
-CRITERION = (("label_smoothed_cross_entropy", "ls_label_smoothed_cross_entropy"),
-             (LabelSmoothedCrossEntropyCriterion.__name__, LsLabelSmoothedCrossEntropyCriterion.__name__))
-OPTIMIZER = (("adam", "ls_adam"), (FairseqAdam.__name__, LSAdam.__name__))
 # Config fields ls_adam has and fairseq's adam has not (ls_adam only accepts their defaults).
 LS_ADAM_ONLY = ("amsgrad",)
 
 
 def convert_name(name: str, to: str) -> str:
-    """ls_transformer_X <-> transformer_X; raises ValueError for a name with no counterpart."""
-    if to == "fairseq":
-        if name not in ARCHITECTURES:
-            raise ValueError(f"{name!r} is not an ls_transformer architecture ({', '.join(ARCHITECTURES)})")
-        return name[len(PREFIX):]
-    if to == "lightseq":
-        if PREFIX + name not in ARCHITECTURES:
-            raise ValueError(f"fairseq architecture {name!r} has no ls_transformer counterpart "
-                             f"({', '.join(a[len(PREFIX):] for a in ARCHITECTURES)})")
-        return PREFIX + name
-    raise ValueError(f"--to must be fairseq or lightseq, got {to!r}")
+    """ls_X <-> X for the architectures of every family; raises ValueError for a name with no counterpart."""
+    if to not in ("fairseq", "lightseq"):
+        raise ValueError(f"--to must be fairseq or lightseq, got {to!r}")
+    if name.startswith(PREFIX) != (to == "fairseq"):
+        side = "a fairseq_lightseq" if to == "fairseq" else "a fairseq"
+        raise ValueError(f"{name!r} is not {side} architecture (converting --to {to})")
+    family_of(name)  # raises for a name outside every family
+    return name[len(PREFIX):] if to == "fairseq" else PREFIX + name
 
 
-def _swap(name, pair, to: str):
-    """The counterpart of `name` in `pair` (fairseq's, ours) for direction `to`; other names unchanged."""
-    src, dst = pair if to == "lightseq" else pair[::-1]
-    return dst if name == src else name
+def _swap(name, pairs, to: str):
+    """The counterpart of `name` among `pairs` [(fairseq's, ours)] for direction `to`; other names unchanged."""
+    for pair in pairs:
+        src, dst = pair if to == "lightseq" else pair[::-1]
+        if name == src:
+            return dst
+    return name
 
 
 def _get(obj, key):
@@ -84,11 +73,11 @@ def _set(obj, key, value):
         obj[key] = value
 
 
-def _rename(obj, key, pair, to: str, changes: list) -> None:
-    """obj[key] (or obj.key) -> its counterpart, when obj records it."""
+def _rename(obj, key, pairs, to: str, changes: list) -> None:
+    """obj[key] (or obj.key) -> its counterpart among pairs, when obj records it."""
     old = _get(obj, key) if obj is not None else None
     if isinstance(old, str):
-        new = _swap(old, pair, to)
+        new = _swap(old, pairs, to)
         if new != old:
             _set(obj, key, new)
             changes.append(f"{key} {old} -> {new}")
@@ -96,15 +85,17 @@ def _rename(obj, key, pair, to: str, changes: list) -> None:
 
 def _convert_model_cfg(model_cfg, to: str) -> bool:
     """Rewrite `_name` and `arch` of a model config (Namespace, dict or DictConfig) in place."""
-    changed = False
+    changed = None
     for key in ("arch", "_name"):
         name = _get(model_cfg, key)
         if name is not None:
-            _set(model_cfg, key, convert_name(name, to))
-            changed = True
-    if changed and to == "lightseq" and isinstance(model_cfg, argparse.Namespace):
-        check_supported(model_cfg)  # fail now, not at the first fairseq-generate
-    return changed
+            changed = convert_name(name, to)
+            _set(model_cfg, key, changed)
+    if changed and to == "lightseq":
+        # fail now, not at the first fairseq-generate (a dataclass model's config is saved as a dict)
+        family_of(changed).check(model_cfg if isinstance(model_cfg, argparse.Namespace)
+                                 else argparse.Namespace(**model_cfg))
+    return changed is not None
 
 
 def _drop_ls_adam_fields(optimizer_cfg) -> None:
@@ -133,9 +124,10 @@ def convert_state(state: dict, to: str, parts=PARTS) -> list:
                     changes.append(f"arch {old} -> {_get(m, 'arch') or _get(m, '_name')}")
         if not changed:
             raise ValueError("checkpoint records no model architecture (no args.arch / cfg.model._name)")
-    for part, (names, classes) in (("criterion", CRITERION), ("optimizer", OPTIMIZER)):
+    for part, pairs in (("criterion", CRITERIA), ("optimizer", OPTIMIZERS)):
         if part not in parts:
             continue
+        names, classes = [p[0] for p in pairs], [p[1] for p in pairs]
         section = _get(cfg, part) if cfg is not None else None
         for obj, key in ((args, part), (model_cfg, part), (section, "_name")):
             _rename(obj, key, names, to, changes)

@@ -1,2 +1,3 @@
-"""fairseq model registrations (`--arch ls_transformer*`)."""
+"""fairseq model registrations (`--arch ls_transformer*`, `--arch ls_transformer_lm*`)."""
 from . import ls_transformer  # noqa: F401
+from . import ls_transformer_lm  # noqa: F401

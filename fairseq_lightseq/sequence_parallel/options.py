@@ -1,4 +1,4 @@
-"""`--sequence-parallel-size` / `--sequence-parallel-mode` of every ls_transformer architecture: the
+"""`--sequence-parallel-size` / `--sequence-parallel-mode` of every ls_* architecture: the
 options, the combinations refused at model build, and the setup of a distributed run.
 
 World W = D x P: SP groups are contiguous blocks of P ranks (keep them inside a node), which all get the
@@ -13,7 +13,8 @@ import torch.distributed as dist
 from .groups import new_sequence_parallel_group
 from .sharding import MODES, SequenceParallel
 
-CRITERION = "ls_label_smoothed_cross_entropy"
+# The criteria that count a rank's share of the targets (the others would count every token P times).
+CRITERIA = ("ls_label_smoothed_cross_entropy", "ls_cross_entropy")
 
 
 def add_args(parser) -> None:
@@ -31,8 +32,9 @@ def size_and_mode(args):
     return (1 if size is None else int(size)), getattr(args, "sequence_parallel_mode", None) or "ulysses"
 
 
-def check(args) -> None:
-    """Raise ValueError naming the option when sequence parallelism cannot run with these options."""
+def check(args, sides=("encoder", "decoder")) -> None:
+    """Raise ValueError naming the option when sequence parallelism cannot run with these options.
+    sides: the stacks the model has (ulysses needs each one's head count divisible by P)."""
     P, mode = size_and_mode(args)
     if P < 1:
         raise ValueError(f"--sequence-parallel-size must be >= 1, got {P}")
@@ -41,7 +43,7 @@ def check(args) -> None:
     if P == 1:
         return
     if mode == "ulysses":
-        for side in ("encoder", "decoder"):
+        for side in sides:
             heads = int(getattr(args, f"{side}_attention_heads"))
             if heads % P:
                 raise ValueError(f"--sequence-parallel-mode ulysses needs --{side}-attention-heads ({heads}) "
@@ -52,7 +54,7 @@ def check(args) -> None:
         return getattr(args, name, default)
 
     refused = [
-        ("--criterion " + str(get("criterion")), get("criterion") not in (None, CRITERION)),
+        ("--criterion " + str(get("criterion")), get("criterion") not in (None, *CRITERIA)),
         ("--ddp-backend " + str(get("ddp_backend")), get("ddp_backend") in ("fully_sharded", "slowmo")),
         ("--use-bmuf", bool(get("use_bmuf"))),
         ("--model-parallel-size " + str(get("model_parallel_size")), (get("model_parallel_size") or 1) > 1),
@@ -62,7 +64,7 @@ def check(args) -> None:
     ]
     for option, bad in refused:
         if bad:
-            extra = f" (it needs --criterion {CRITERION})" if option.startswith("--criterion") else ""
+            extra = f" (it needs --criterion {' or '.join(CRITERIA)})" if option.startswith("--criterion") else ""
             raise ValueError(f"--sequence-parallel-size {P} does not support {option}{extra}")
     world = _world_size(args)
     if world % P:

@@ -181,8 +181,9 @@ def test_convert_roundtrip_keeps_everything_but_names(tmp_path, omegaconf_cfg):
 
 def test_convert_rejects_unknown_architecture(tmp_path):
     src = str(tmp_path / "x.pt")
-    torch.save(fairseq_like_state(build(TransformerModel, make_task()), "transformer_lm"), src)
-    with pytest.raises(ValueError, match="transformer_lm"):
+    # fairseq's adaptive-input LM arch has no ls counterpart
+    torch.save(fairseq_like_state(build(TransformerModel, make_task()), "transformer_lm_wiki103"), src)
+    with pytest.raises(ValueError, match="transformer_lm_wiki103"):
         convert_checkpoint.main([src, str(tmp_path / "y.pt"), "--to", "lightseq"])
 
 

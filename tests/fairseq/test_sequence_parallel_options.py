@@ -32,7 +32,8 @@ def test_accepted():
                                       "(2); use --sequence-parallel-mode allgather"),
     (dict(decoder_attention_heads=6, sequence_parallel_size=4), "needs --decoder-attention-heads (6) divisible"),
     (dict(criterion="label_smoothed_cross_entropy"), "does not support --criterion label_smoothed_cross_entropy "
-                                                     "(it needs --criterion ls_label_smoothed_cross_entropy)"),
+                                                     "(it needs --criterion ls_label_smoothed_cross_entropy or "
+                                                     "ls_cross_entropy)"),
     (dict(ddp_backend="fully_sharded"), "does not support --ddp-backend fully_sharded"),
     (dict(ddp_backend="slowmo"), "does not support --ddp-backend slowmo"),
     (dict(use_bmuf=True), "does not support --use-bmuf"),

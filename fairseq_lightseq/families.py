@@ -1,0 +1,65 @@
+"""The model families fairseq_lightseq implements, each next to fairseq's own: one table that the
+checkpoint converter (scripts/convert_checkpoint.py) and the benchmarks read, so that a new family is
+one entry here (plus its model and criterion files), not a branch in every script.
+
+A family pairs our registered model with fairseq's (same state_dict, same arch functions), and
+CRITERIA pairs our criteria with fairseq's (same options and logging). The optimizer pair is the
+same for every family: fairseq's adam and our ls_adam.
+"""
+from typing import Callable, Dict, NamedTuple
+
+from fairseq.criterions.cross_entropy import CrossEntropyCriterion
+from fairseq.criterions.label_smoothed_cross_entropy import LabelSmoothedCrossEntropyCriterion
+from fairseq.optim.adam import FairseqAdam
+
+from .criterions.ls_cross_entropy import LsCrossEntropyCriterion
+from .criterions.ls_label_smoothed_cross_entropy import LsLabelSmoothedCrossEntropyCriterion
+from .models import ls_transformer, ls_transformer_lm
+from .models.common import check_supported
+from .optim.ls_adam import LSAdam
+
+PREFIX = "ls_"
+
+
+class Family(NamedTuple):
+    """task: the fairseq task it trains with; model / native: our and fairseq's registered model names;
+    architectures: our arch names (ls_<fairseq arch>) -> fairseq's arch functions; criterion / native_criterion:
+    the pair a user switches (the recipe's default)."""
+
+    task: str
+    model: str
+    native: str
+    architectures: Dict[str, Callable]
+    criterion: str
+    native_criterion: str
+
+    def check(self, args) -> None:
+        """Raise ValueError naming an option of `args` our model of this family does not implement."""
+        check_supported(args, self.model, self.native)
+
+
+FAMILIES = {
+    "translation": Family("translation", "ls_transformer", "transformer", ls_transformer.ARCHITECTURES,
+                          "ls_label_smoothed_cross_entropy", "label_smoothed_cross_entropy"),
+    "language_model": Family("language_modeling", "ls_transformer_lm", "transformer_lm",
+                             ls_transformer_lm.ARCHITECTURES, "ls_cross_entropy", "cross_entropy"),
+}
+
+# (fairseq's registry name, ours), (fairseq's class name, ours) — the class names are what fairseq records
+# in a checkpoint's optimizer_history and checks on --restore-file.
+CRITERIA = [
+    (("label_smoothed_cross_entropy", "ls_label_smoothed_cross_entropy"),
+     (LabelSmoothedCrossEntropyCriterion.__name__, LsLabelSmoothedCrossEntropyCriterion.__name__)),
+    (("cross_entropy", "ls_cross_entropy"), (CrossEntropyCriterion.__name__, LsCrossEntropyCriterion.__name__)),
+]
+OPTIMIZERS = [(("adam", "ls_adam"), (FairseqAdam.__name__, LSAdam.__name__))]
+
+
+def family_of(arch: str) -> Family:
+    """The family whose architectures include `arch` (ours or fairseq's name); ValueError otherwise."""
+    name = arch if arch.startswith(PREFIX) else PREFIX + arch
+    for family in FAMILIES.values():
+        if name in family.architectures:
+            return family
+    known = ", ".join(a for f in FAMILIES.values() for a in f.architectures)
+    raise ValueError(f"{arch!r} is not an architecture of fairseq_lightseq or its fairseq counterpart ({known})")

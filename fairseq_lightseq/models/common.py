@@ -1,0 +1,86 @@
+"""What every ls_* model shares: the refusal of fairseq options our layers do not implement, and a
+cheap model.train()."""
+from torch import nn
+
+from ..modules.transformer_layer import FAIRSEQ_ACTIVATIONS
+
+# Dropout probabilities the layers take; each must be in [0, 1] (checked at build, not by the first
+# forward's op). --relu-dropout is fairseq's old name for --activation-dropout.
+DROPOUT_OPTIONS = ("dropout", "attention_dropout", "activation_dropout", "relu_dropout")
+
+
+def check_supported(args, model: str = "ls_transformer", native: str = "transformer") -> None:
+    """Raise ValueError naming the first fairseq option `model` does not implement, or whose value is
+    out of range; the message points at fairseq's own `native` arch. args: an argparse Namespace or a
+    model config (DictConfig) of either family."""
+    def get(name, default=None):
+        return getattr(args, name, default)
+
+    for name in DROPOUT_OPTIONS:
+        p = get(name)
+        if p is not None and not 0.0 <= float(p) <= 1.0:
+            raise ValueError(f"{model}: --{name.replace('_', '-')} must be in [0, 1], got {p}")
+
+    unsupported = [
+        ("--adaptive-softmax-cutoff", get("adaptive_softmax_cutoff") is not None),
+        ("--adaptive-input", bool(get("adaptive_input"))),
+        ("--tie-adaptive-weights", bool(get("tie_adaptive_weights"))),
+        ("--character-embeddings", bool(get("character_embeddings"))),
+        ("--quant-noise-pq", (get("quant_noise_pq") or 0) > 0),
+        ("--quant-noise-scalar", (get("quant_noise_scalar") or 0) > 0),
+        ("--encoder-layerdrop", (get("encoder_layerdrop") or 0) > 0),
+        ("--decoder-layerdrop", (get("decoder_layerdrop") or 0) > 0),
+        ("--cross-self-attention", bool(get("cross_self_attention"))),
+        ("--base-layers", (get("base_layers") or 0) > 0),
+        ("--encoder-xformers-att-config", get("encoder_xformers_att_config") is not None),
+        ("--decoder-xformers-att-config", get("decoder_xformers_att_config") is not None),
+        ("--scale-attn/--scale-fc/--scale-heads/--scale-resids (normformer)",
+         any(bool(get(n)) for n in ("scale_attn", "scale_fc", "scale_heads", "scale_resids"))),
+        ("--alignment-heads/--alignment-layer (transformer_align)",
+         get("alignment_heads") is not None or get("alignment_layer") is not None),
+    ]
+    for option, bad in unsupported:
+        if bad:
+            raise ValueError(f"{model} does not support {option}; use --arch {native} for it")
+    act = str(get("activation_fn", "relu"))
+    if act not in FAIRSEQ_ACTIVATIONS:
+        raise ValueError(f"{model} does not support --activation-fn {act}; "
+                         f"supported: {', '.join(FAIRSEQ_ACTIVATIONS)}")
+
+
+class FastTrainMixin:
+    """model.train() without nn.Module's per-module cost, for an nn.Module model."""
+
+    def train(self, mode: bool = True):
+        """nn.Module.train over the whole tree without its per-module cost: fairseq's Trainer and task call
+        model.train() on every step, and nn.Module's recursion (named_children generators and
+        Module.__setattr__ for each of the ~200 submodules at Transformer-big depth) takes ~0.4 ms of host
+        time a call. This walk sets the same `training` flag of every submodule directly; a submodule
+        class that overrides train() gets its own train(mode) called, as nn.Module would."""
+        if not isinstance(mode, bool):
+            raise ValueError("training mode is expected to be boolean")
+        stack = [self]
+        while stack:
+            m = stack.pop()
+            if m is not self and type(m).train is not nn.Module.train:
+                m.train(mode)
+                continue
+            m.__dict__["training"] = mode
+            stack.extend(c for c in m._modules.values() if c is not None)
+        return self
+
+
+def register_architectures(model_name: str, architectures: dict) -> dict:
+    """Registers ls_<name> -> fairseq's arch function <name> for `model_name`; returns {ls name: our
+    function}. ls_<name> has exactly the defaults of fairseq's <name> (its own function is called)."""
+    from fairseq.models import register_model_architecture
+
+    registered = {}
+    for arch_name, fairseq_fn in architectures.items():
+        def arch(args, fairseq_fn=fairseq_fn):
+            fairseq_fn(args)
+        arch.__name__ = arch_name
+        arch.__doc__ = f"The defaults of fairseq's {fairseq_fn.__name__} ({arch_name[3:]})."
+        register_model_architecture(model_name, arch_name)(arch)
+        registered[arch_name] = arch
+    return registered
