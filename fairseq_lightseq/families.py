@@ -6,10 +6,11 @@ A family pairs our registered model with fairseq's (same state_dict, same arch f
 CRITERIA pairs our criteria with fairseq's (same options and logging). The optimizer pair is the
 same for every family: fairseq's adam and our ls_adam.
 """
-from typing import Callable, Dict, NamedTuple
+from typing import Callable, Dict, NamedTuple, Optional
 
 from fairseq.criterions.cross_entropy import CrossEntropyCriterion
 from fairseq.criterions.label_smoothed_cross_entropy import LabelSmoothedCrossEntropyCriterion
+from fairseq.models.transformer_lm import TransformerLanguageModelConfig
 from fairseq.optim.adam import FairseqAdam
 
 from .criterions.ls_cross_entropy import LsCrossEntropyCriterion
@@ -24,7 +25,9 @@ PREFIX = "ls_"
 class Family(NamedTuple):
     """task: the fairseq task it trains with; model / native: our and fairseq's registered model names;
     architectures: our arch names (ls_<fairseq arch>) -> fairseq's arch functions; criterion / native_criterion:
-    the pair a user switches (the recipe's default)."""
+    the pair a user switches (the recipe's default); native_config: the dataclass fairseq registers its
+    model with, if any (its checkpoints then record cfg.model as a plain dict of these fields, which
+    torch's safe loader reads without any allowlist; ours, a legacy model, record an argparse Namespace)."""
 
     task: str
     model: str
@@ -32,6 +35,7 @@ class Family(NamedTuple):
     architectures: Dict[str, Callable]
     criterion: str
     native_criterion: str
+    native_config: Optional[type] = None
 
     def check(self, args) -> None:
         """Raise ValueError naming an option of `args` our model of this family does not implement."""
@@ -42,7 +46,8 @@ FAMILIES = {
     "translation": Family("translation", "ls_transformer", "transformer", ls_transformer.ARCHITECTURES,
                           "ls_label_smoothed_cross_entropy", "label_smoothed_cross_entropy"),
     "language_model": Family("language_modeling", "ls_transformer_lm", "transformer_lm",
-                             ls_transformer_lm.ARCHITECTURES, "ls_cross_entropy", "cross_entropy"),
+                             ls_transformer_lm.ARCHITECTURES, "ls_cross_entropy", "cross_entropy",
+                             TransformerLanguageModelConfig),
 }
 
 # (fairseq's registry name, ours), (fairseq's class name, ours) — the class names are what fairseq records

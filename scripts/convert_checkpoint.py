@@ -27,6 +27,7 @@ A criterion or optimizer without a counterpart (e.g. nag) is left as it is. To `
 converted checkpoint needs `--user-dir fairseq_lightseq` as usual.
 """
 import argparse
+import dataclasses
 import os
 import sys
 
@@ -98,6 +99,19 @@ def _convert_model_cfg(model_cfg, to: str) -> bool:
     return changed is not None
 
 
+def _native_model_cfg(model_cfg):
+    """A legacy (Namespace) model config as the native model of its family records it: for fairseq's
+    dataclass models (transformer_lm) a dict of the dataclass's fields with `_name` the arch, which a
+    vanilla fairseq loads with torch's safe loader and nothing imported; otherwise unchanged."""
+    if not isinstance(model_cfg, argparse.Namespace):
+        return model_cfg
+    config = family_of(model_cfg.arch).native_config
+    if config is None:
+        return model_cfg
+    fields = [f.name for f in dataclasses.fields(config)]
+    return {"_name": model_cfg.arch, **{k: getattr(model_cfg, k) for k in fields if hasattr(model_cfg, k)}}
+
+
 def _drop_ls_adam_fields(optimizer_cfg) -> None:
     """fairseq's adam config has no `amsgrad` field (ls_adam's only accepts False): drop it."""
     for key in LS_ADAM_ONLY:
@@ -124,6 +138,8 @@ def convert_state(state: dict, to: str, parts=PARTS) -> list:
                     changes.append(f"arch {old} -> {_get(m, 'arch') or _get(m, '_name')}")
         if not changed:
             raise ValueError("checkpoint records no model architecture (no args.arch / cfg.model._name)")
+        if to == "fairseq" and model_cfg is not None:
+            cfg["model"] = model_cfg = _native_model_cfg(model_cfg)
     for part, pairs in (("criterion", CRITERIA), ("optimizer", OPTIMIZERS)):
         if part not in parts:
             continue
