@@ -12,7 +12,13 @@ whole namespace, so the options that cannot combine with sequence parallelism (-
 --ddp-backend, the number of processes) are refused at build, as for ls_transformer. A native
 checkpoint converted to ours (cfg.model a DictConfig) and ours converted to native (a Namespace)
 both load: fairseq's build_model takes either form for either model.
+
+fairseq's plain `--arch transformer_lm` has no arch function: its defaults are its dataclass's (post-LN,
+unlike every named transformer_lm_* arch, whose base_lm_architecture forces pre-LN); ls_transformer_lm
+sets exactly those (transformer_lm_defaults).
 """
+import dataclasses
+
 from fairseq.dataclass.utils import gen_parser_from_dataclass
 from fairseq.models import register_model
 from fairseq.models import transformer_lm as fs
@@ -42,8 +48,8 @@ class LSTransformerLanguageModel(FastTrainMixin, TransformerLanguageModel):
     @classmethod
     def build_model(cls, args, task):
         """fairseq's TransformerLanguageModel.build_model for the plain token embedding (the
-        character and adaptive inputs are refused by check_supported), with our decoder."""
-        fs.base_lm_architecture(args)
+        character and adaptive inputs are refused by check_supported), with our decoder. args: the
+        namespace (or a checkpoint's model config) with the arch function applied."""
         check_supported(args, NAME, "transformer_lm")
         sequence_parallel_options.check(args, sides=("decoder",))
         if args.decoder_layers_to_keep:
@@ -56,11 +62,24 @@ class LSTransformerLanguageModel(FastTrainMixin, TransformerLanguageModel):
         return cls(decoder)
 
 
-# fairseq's transformer_lm architectures that our layers run. Not here: transformer_lm_wiki103 /
-# _baevski_wiki103 / _gbw / _baevski_gbw (adaptive input and softmax).
+def transformer_lm_defaults(args):
+    """The defaults of fairseq's --arch transformer_lm: TransformerLanguageModelConfig's, for every field
+    not set (the interpolated ones, ${task.tokens_per_sample} and such, come from the task's options)."""
+    for f in dataclasses.fields(TransformerLanguageModelConfig):
+        default = f.default if f.default_factory is dataclasses.MISSING else f.default_factory()
+        if f.name.startswith("_") or (isinstance(default, str) and default.startswith("${")):
+            continue
+        if getattr(args, f.name, None) is None:
+            setattr(args, f.name, default)
+
+
+# fairseq's transformer_lm architectures that our layers run. Not here: transformer_lm_wiki103 and
+# transformer_lm_baevski_wiki103 (adaptive input and softmax, refused at build).
 ARCHITECTURES = {
-    "ls_transformer_lm": fs.base_lm_architecture,
+    "ls_transformer_lm": transformer_lm_defaults,
     "ls_transformer_lm_big": fs.transformer_lm_big,
+    "ls_transformer_lm_gbw": fs.transformer_lm_baevski_gbw,
+    "ls_transformer_lm_baevski_gbw": fs.transformer_lm_baevski_gbw,
     "ls_transformer_lm_gpt": fs.transformer_lm_gpt,
     "ls_transformer_lm_gpt2_tiny": fs.transformer_lm_gpt2_tiny,
     "ls_transformer_lm_gpt2_small": fs.transformer_lm_gpt2_small,

@@ -25,7 +25,7 @@ from .. import ops
 from ..ops import _backend
 from ..sequence_parallel.collectives import all_gather
 from ..sequence_parallel.sharding import SequenceParallel, Shard, shard_or_none
-from .embedding import embed_time_major
+from .embedding import embed_time_major, position_table
 from .transformer_layer import SITES_PER_LAYER, LSTransformerDecoderLayer, LSTransformerEncoderLayer, _layer_norm
 
 
@@ -80,10 +80,22 @@ class _DropoutStreamMixin:
                active: bool, shard: Optional[Shard]) -> Tensor:
         """dropout([layernorm_embedding](scale * embed_tokens + embed_positions)) as [T', B, E], the
         dropout at site 0 of the forward's stream (moved to the shard's first row)."""
-        B, E = tokens.size(0), self.embed_tokens.embedding_dim
+        project_in = getattr(self, "project_in_dim", None)  # the decoder's, with --decoder-input-dim
+        B, E = tokens.size(0), self.embed_tokens.embedding_dim if project_in is None else project_in.out_features
         d = _backend.draw(self.dropout_module.p, active, seed, 0)
         if shard is not None:
             d = shard.token_offset(d, B, E)
+        if project_in is not None:
+            # fairseq: project_in(scale * lookup) + positions; the op looks up and scales only
+            x = project_in(embed_time_major(tokens, self.embed_tokens, None, self.embed_scale, 0.0, active))
+            table = position_table(self.embed_positions, max_position)
+            if table is not None:
+                if positions is None:
+                    positions = utils.make_positions(tokens, self.padding_idx)
+                x = x + F.embedding(positions.t(), table.to(x.dtype))
+            if self.layernorm_embedding is not None:
+                x = _layer_norm(self.layernorm_embedding, x)
+            return ops.dropout(x, d, active)
         if self.layernorm_embedding is None:
             return embed_time_major(tokens, self.embed_tokens, self.embed_positions, self.embed_scale, d, active,
                                     positions=positions, max_position=max_position)
@@ -172,8 +184,6 @@ class LSTransformerDecoder(_DropoutStreamMixin, TransformerDecoderBase):
                          output_projection=output_projection)
         self.uses_dropout = self._any_dropout(cfg)
         self.dropout_module.module_name = "TransformerDecoder"  # fairseq's name, for --retain-dropout-modules
-        if self.project_in_dim is not None:
-            raise ValueError("ls_transformer: decoder embedding dim != --decoder-embed-dim is not supported")
 
     def build_decoder_layer(self, cfg, no_encoder_attn=False):
         layer = LSTransformerDecoderLayer(
