@@ -1,10 +1,12 @@
 """fairseq_lightseq: fused Transformer training for fairseq (`--user-dir fairseq_lightseq`).
 
-Importing the package registers with fairseq the model `ls_transformer` (and its architectures),
-the criterion `ls_label_smoothed_cross_entropy` and the optimizer `ls_adam`, and allows the classes
+Importing the package registers with fairseq the models `ls_transformer` and `ls_transformer_lm` (and
+their architectures), the criteria `ls_label_smoothed_cross_entropy` and `ls_cross_entropy` and the
+optimizer `ls_adam`, and allows the classes
 fairseq checkpoints contain for torch's weights_only loading (checkpoint_safety).
 """
 from . import requirements  # noqa: F401  (first: a clear error if fairseq 0.12 is missing)
+from . import numpy_compat  # noqa: F401  (fairseq's np.compat.long under numpy 2)
 from . import ops  # noqa: F401
 from . import checkpoint_safety  # noqa: F401
 from . import checkpoint_io  # noqa: F401  (clear errors for unreadable checkpoints, atomic copies)

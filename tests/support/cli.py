@@ -181,3 +181,17 @@ def by_hand(args, world: int, cwd, check=True, ddp_backend="legacy_ddp"):
               "--distributed-backend", "gloo", "--distributed-init-method", f"tcp://127.0.0.1:{free_port()}",
               "--distributed-no-spawn", "--ddp-backend", ddp_backend]
     return run_ranks([[*common, "--distributed-rank", str(r)] for r in range(world)], str(cwd), check=check)
+
+
+def make_lm_data_bin(d, n_train=300, n_valid=20, n_test=20):
+    """A toy monolingual corpus (3 to 12 words over 12, a determiner first) binarised with
+    fairseq-preprocess --only-source into d/bin, as the language_modeling task reads it; returns d/bin."""
+    rng = random.Random(0)
+    words = "cat dog sat ran on under mat log big small red old".split()
+    for split, n in (("train", n_train), ("valid", n_valid), ("test", n_test)):
+        with open(os.path.join(d, f"{split}.txt"), "w") as f:
+            for _ in range(n):
+                f.write(" ".join([rng.choice(["the", "a"])] + rng.choices(words, k=rng.randint(2, 11))) + "\n")
+    run(["fairseq-preprocess", "--only-source", "--trainpref", "train.txt", "--validpref", "valid.txt",
+         "--testpref", "test.txt", "--destdir", "bin", "--workers", "1"], cwd=d)
+    return os.path.join(d, "bin")
