@@ -27,6 +27,7 @@ CONFIGS = {
     "input_dim": dict(decoder_input_dim=12, decoder_learned_pos=True, layernorm_embedding=True),
     "odd_dims": dict(decoder_embed_dim=15, decoder_ffn_embed_dim=7, decoder_attention_heads=5, decoder_layers=3),
     "no_positions": dict(no_token_positional_embeddings=True),
+    "checkpoint_activations": dict(arch="transformer_lm_gpt", checkpoint_activations=True),
 }
 
 
@@ -200,3 +201,14 @@ def test_label_smoothed_criterion_on_the_lm():
     assert rel_err(loss, ref_loss) < 1e-6 and rel_err(log["nll_loss"], ref_log["nll_loss"]) < 1e-6
     assert (log["n_correct"], log["total"]) == (ref_log["n_correct"], ref_log["total"])
     assert rel_err(g["decoder.embed_tokens.weight"], ref_g["decoder.embed_tokens.weight"]) < 1e-4
+
+
+def test_token_blocks_with_eos_break_mode_build_under_numpy_2():
+    """fairseq's TokenBlockDataset (break mode eos: LM training and the hub's sample/score) uses
+    np.compat.long, which the plugin restores where numpy 2 removed it."""
+    from fairseq.data import TokenBlockDataset
+
+    sizes = [3, 5, 2]
+    blocks = TokenBlockDataset([torch.arange(n) for n in sizes], sizes, block_size=None, pad=1, eos=2,
+                               break_mode="eos")
+    assert len(blocks) == 3 and blocks.sizes.tolist() == sizes
