@@ -21,6 +21,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from bench_support import check_args  # noqa: E402  (this script's folder is on sys.path)
 
 PAD = 1
 EPS = 0.1
@@ -123,7 +124,9 @@ def main():
                     help="linear path rows per chunk (default: the op's, CHUNK_ELEMENTS // V, as the criterion)")
     ap.add_argument("--iters", type=int, default=None, help="timed steps (default 10 CUDA, 1 CPU)")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    check_args.add(ap)
     a = ap.parse_args()
+    check_args.finish(a, "bench_criterion.py")
     if a.child:
         print(json.dumps(run_case(*json.loads(a.child))))
         return

@@ -26,6 +26,7 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from fairseq_lightseq import ops  # noqa: E402
 from fairseq_lightseq.ops import reference  # noqa: E402
+from bench_support import check_args  # noqa: E402
 
 SHAPES = {
     "base": dict(tokens=4096, hidden=512, ffn=2048, heads=8, seq=128, vocab=32000),
@@ -286,6 +287,7 @@ def main(argv=None):
     ap.add_argument("--json", help="also write the results here")
     ap.add_argument("--skip-ref", action="store_true",
                     help="do not time the reference (the slow spec; the composition is the baseline that matters)")
+    check_args.add(ap)
     args = ap.parse_args(argv)
     unknown = [x for x in args.shapes.split(",") if x not in SHAPES]
     if unknown:
@@ -294,8 +296,9 @@ def main(argv=None):
     unknown = [x for x in (args.ops or "").split(",") if x and x not in names]
     if unknown:
         ap.error(f"--ops: unknown {', '.join(unknown)}; choose from {', '.join(names)}")
-    if args.device == "cuda" and not torch.cuda.is_available():
+    if args.device == "cuda" and not torch.cuda.is_available() and not args.check_args:
         ap.error("--device cuda: torch sees no CUDA device")
+    check_args.finish(args, "bench_ops.py")
     dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[args.dtype]
     device = args.device
     copy_bw = (2 << 30) / copy_kernel_seconds(2 << 30) if device == "cuda" else None  # a 1 GB copy

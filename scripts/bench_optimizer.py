@@ -14,6 +14,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from bench_support import check_args  # noqa: E402  (this script's folder is on sys.path)
 
 from fairseq.optim.adam import Adam as FairseqAdamImpl  # noqa: E402
 
@@ -58,7 +59,9 @@ def main():
     ap.add_argument("--layers", type=int, default=None, help="encoder = decoder layers (default 6; 1 on CPU)")
     ap.add_argument("--vocab", type=int, default=None, help="shared embedding rows (default 32768; 8192 on CPU)")
     ap.add_argument("--repeat", type=int, default=None, help="timed steps (default 20 CUDA, 3 CPU)")
+    check_args.add(ap)
     args = ap.parse_args()
+    check_args.finish(args, "bench_optimizer.py")
     cpu = args.device == "cpu"
     layers = args.layers if args.layers is not None else (1 if cpu else 6)
     vocab = args.vocab if args.vocab is not None else (8192 if cpu else 32768)

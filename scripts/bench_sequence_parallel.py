@@ -37,6 +37,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from bench_support import check_args  # noqa: E402
 
 MIB, GIB = 2 ** 20, 2 ** 30
 
@@ -81,6 +82,7 @@ def parse_args(argv=None):
     p.add_argument("--gloo-steps", type=int, default=5)
     p.add_argument("--json", metavar="PATH")
     p.add_argument("--table-from", metavar="PATH", help="only print the table of a JSON this script wrote")
+    check_args.add(p)
     a = p.parse_args(argv)
     for P in [] if a.gloo_only else a.sizes:
         if P < 1:
@@ -91,8 +93,9 @@ def parse_args(argv=None):
         p.error(f"--gloo with --modes ulysses needs --heads ({a.heads}) divisible by 2")
     if a.dtype == "bf16" and a.device != "cuda":
         p.error("--dtype bf16 needs --device cuda (the CPU runs float32)")
-    if a.device == "cuda" and not torch.cuda.is_available():
+    if a.device == "cuda" and not torch.cuda.is_available() and not a.check_args:
         p.error("--device cuda: no CUDA device")
+    check_args.finish(a, "bench_sequence_parallel.py")
     return a
 
 

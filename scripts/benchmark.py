@@ -45,6 +45,8 @@ import sys
 import tempfile
 import time
 
+from bench_support import check_args
+
 SCRIPTS = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(SCRIPTS)
 TINY_WIDTH = ["--encoder-embed-dim", "32", "--decoder-embed-dim", "32", "--encoder-ffn-embed-dim", "64",
@@ -415,6 +417,7 @@ def parse_args(argv=None):
                         "as fairseq's side runs it on the CPU too), auto = the device's (explicit on CPU)")
     p.add_argument("--json", help="write the results here")
     p.add_argument("--_child", nargs=2, help=argparse.SUPPRESS)
+    check_args.add(p)
     a = p.parse_args(argv)
     if a._child:
         return a
@@ -441,10 +444,12 @@ def parse_args(argv=None):
             p.error(f"{name} {val}: must be >= {lo}")
     if a.rounds > a.steps:
         p.error(f"--rounds {a.rounds}: at most --steps ({a.steps}), each round times at least one step")
+    if [x for x in a.precision if x not in ("fp32", "fp16", "bf16")]:
+        p.error(f"--precision {','.join(a.precision)}: a comma list of fp32,fp16,bf16")
     bad = [s for s in a.sides if s not in ("ls", "fairseq", "fairseq_fused")]
     if bad or "ls" not in a.sides:
         p.error(f"--sides {','.join(a.sides)}: a comma list of ls,fairseq,fairseq_fused that includes ls")
-    if not cpu:
+    if not cpu and not a.check_args:
         import torch
         if not torch.cuda.is_available():
             p.error("--device cuda: no CUDA device")
@@ -457,6 +462,7 @@ def main(argv=None):
     if a._child:
         child_main(a._child[0], json.loads(a._child[1]))
         return
+    check_args.finish(a, "benchmark.py")
     sys.path.insert(0, a.repo)
     import logging
     import warnings

@@ -209,7 +209,7 @@ def test_fake_kernels_take_coords():
     assert y.shape == out.shape == ds.shape == (2, 4, 3, 5)
 
 
-# ---- CUDA against the CPU kernel with coordinates (scripts/gpu_check.sh, step sp) ----
+# ---- CUDA against the CPU kernel with coordinates (scripts/gpu_check.sh, step tests_rest) ----
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
