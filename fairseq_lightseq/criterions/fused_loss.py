@@ -20,7 +20,6 @@ counts its share: the features (like the logits) are this rank's rows.
 A criterion class puts FusedLossMixin before fairseq's criterion and sets `eps`, `ignore_prefix_size`,
 `report_accuracy` and `LOGS_NLL` (whether fairseq's logging output has "nll_loss").
 """
-import torch
 from fairseq import utils
 from fairseq.models.transformer import TransformerDecoderBase
 from torch import nn

@@ -87,15 +87,6 @@ def test_incremental_decoding_equals_full_forward():
     assert rel_err(torch.cat(steps, 1), full) < 1e-5
 
 
-@pytest.mark.parametrize("ls_arch", [a for a in ARCHITECTURES if a != "ls_transformer_lm"])
-def test_architectures_registered_with_fairseq_defaults(ls_arch):
-    assert ARCH_MODEL_REGISTRY[ls_arch] is LSTransformerLanguageModel
-    ours, theirs = argparse.Namespace(), argparse.Namespace()
-    ARCH_CONFIG_REGISTRY[ls_arch](ours)
-    ARCH_CONFIG_REGISTRY[ls_arch[3:]](theirs)
-    assert vars(ours) == vars(theirs)
-
-
 def test_plain_arch_has_fairseq_dataclass_defaults():
     """fairseq's --arch transformer_lm takes TransformerLanguageModelConfig's defaults (post-LN, no arch
     function); ls_transformer_lm sets the same ones."""
