@@ -70,6 +70,10 @@ def parse_args(argv=None):
     p.add_argument("--layers", type=int, help="encoder layers = decoder layers; default 6 (without --arch)")
     p.add_argument("--vocab", type=int, default=1000, help="dictionary symbols (plus fairseq's 4 special ones)")
     p.add_argument("--dropout", type=float, default=0.1)
+    p.add_argument("--attention-dropout", type=float, metavar="P",
+                   help="the attention probabilities' (default: --dropout). 0 with --attention sdpa on the CPU: "
+                        "torch's flash kernel, which keeps what the CUDA ones keep (its math fallback for "
+                        "dropout keeps [B, H, Tq, Tk])")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--dtype", choices=["float32", "bf16"], default="float32")
     p.add_argument("--attention", choices=["explicit", "sdpa"], default="explicit",
@@ -149,7 +153,7 @@ def run_grid(a, out: dict) -> None:
     if a.attention == "sdpa":
         multihead_attention.SDPA_MODE = "always"
     cfg = {"arch": a.arch, "embed_dim": a.embed_dim, "ffn_dim": a.ffn_dim, "heads": a.heads, "layers": a.layers,
-           "vocab": a.vocab, "dropout": a.dropout}
+           "vocab": a.vocab, "dropout": a.dropout, "attention_dropout": a.attention_dropout}
     dtype = torch.bfloat16 if a.dtype == "bf16" else torch.float32
     elem = torch.finfo(dtype).bits // 8
     t0 = time.perf_counter()

@@ -31,7 +31,7 @@ class _Task:
 def build(cfg: dict, max_positions: int):
     """(task, model, criterion), float32 on the CPU, train mode. cfg: "arch" (None: ls_transformer), the
     widths embed_dim, ffn_dim, heads, layers (encoder and decoder alike; None: the arch's own), vocab
-    symbols, dropout for all three sites. The arch's function (fairseq's) sets what cfg leaves out; the
+    symbols, dropout for all three sites (attention_dropout, if given, for the attention's). The arch's function (fairseq's) sets what cfg leaves out; the
     criterion is its family's (families.py), label smoothing 0.1 where it takes one."""
     import fairseq_lightseq  # noqa: F401  (registers the models and criteria)
     from fairseq.criterions import CRITERION_REGISTRY
@@ -48,9 +48,10 @@ def build(cfg: dict, max_positions: int):
     widths = {"embed_dim": cfg.get("embed_dim"), "ffn_embed_dim": cfg.get("ffn_dim"),
               "attention_heads": cfg.get("heads"), "layers": cfg.get("layers")}
     p = cfg["dropout"]
+    pa = p if cfg.get("attention_dropout") is None else cfg["attention_dropout"]
     args = argparse.Namespace(
         **{f"{side}_{k}": v for side in ("encoder", "decoder") for k, v in widths.items() if v is not None},
-        dropout=p, attention_dropout=p, activation_dropout=p, max_source_positions=max_positions,
+        dropout=p, attention_dropout=pa, activation_dropout=p, max_source_positions=max_positions,
         max_target_positions=max_positions, tokens_per_sample=max_positions, arch=arch)
     family.architectures[arch](args)
     torch.manual_seed(0)
