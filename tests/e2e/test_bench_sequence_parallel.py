@@ -91,11 +91,15 @@ def test_gloo_two_processes(tmp_path):
 
 def test_arch_widths_and_ulysses_left_out(tmp_path):
     """--arch ls_transformer_lm_gpt: GPT-2 small's widths from fairseq's arch function (--layers given
-    overrides its 12); 12 heads: ulysses is left out at P = 8, allgather runs."""
+    overrides its 12); 12 heads: ulysses is left out at P = 8, allgather runs. bf16 on the CPU under
+    --fake-only (the volumes at 2 bytes an element), with SDPA and no attention dropout."""
     res, _ = bench(tmp_path, "--arch", "ls_transformer_lm_gpt", "--layers", "1", "--lengths", "64", "--sizes", "1",
-                   "8", "--fake-only", tiny=["--vocab", "50", "--threads", "1"])
+                   "8", "--fake-only", "--dtype", "bf16", "--attention", "sdpa", "--attention-dropout", "0",
+                   tiny=["--vocab", "50", "--threads", "1"])
     cfg = res["config"]
     assert (cfg["embed_dim"], cfg["ffn_dim"], cfg["heads"], cfg["decoder_layers"]) == (768, 3072, 12, 1), cfg
+    assert (cfg["dtype"], cfg["attention"], cfg["attention_dropout"]) == ("bf16", "sdpa", 0.0), cfg
+    assert res["cells"][1]["expected_sent"]["total"] == 2 * 64 * 768 * 7 // 8 * 2
     assert {(c["mode"], c["P"]) for c in res["cells"]} == {("none", 1), ("allgather", 8)}
     assert all(c["fake"]["sent"]["forward"] == c["expected_sent"]["total"] for c in res["cells"])
 
