@@ -6,10 +6,18 @@ one device measures one rank's share of one long sequence.
     python scripts/bench_sequence_parallel.py --lengths 1k 2k --sizes 1 2 4 --modes ulysses
     python scripts/bench_sequence_parallel.py --device cuda --dtype bf16 --max-gib 120   # GPU table
     python scripts/bench_sequence_parallel.py --gloo                   # + a real 2-process gloo run
+    python scripts/bench_sequence_parallel.py --arch ls_transformer_lm_gpt --vocab 50000 \
+        --fake-only --attention sdpa --dtype bf16 --lengths 1k 8k 50000    # the LM, GPT-2 small's shape
 
 Model: ls_transformer built by fairseq's build_model with a small Dictionary (--vocab symbols),
 Transformer-big widths by default (E 1024, 16 heads, FFN 4096, 6+6 layers), all dropouts 0.1, the
 ls_label_smoothed_cross_entropy criterion; a batch of B sentences with S = T tokens, no padding.
+--arch NAME: any arch of fairseq_lightseq/families.py's table instead, with its fairseq defaults
+(width flags given explicitly override them) and its family's criterion: e.g. ls_transformer_lm_gpt
+(E 768, 12 heads, FFN 3072, 12 layers: GPT-2 small's shape) or ls_transformer_lm_gpt2_small (1024, 16,
+4096, 24: GPT-2 medium's; fairseq's gpt2 names are one size up), the decoder-only language model with
+ls_cross_entropy on B blocks of T tokens. A ulysses cell
+whose P does not divide the heads is left out (the model refuses it at build); allgather runs it.
 
 Per cell (mode, P, T), two measurements:
 - fake (every cell): the forward + backward under torch's FakeTensorMode (shapes only: neither memory
@@ -55,12 +63,18 @@ def parse_args(argv=None):
     p.add_argument("--lengths", nargs="+", type=_length, default=[_length(x) for x in "1k 2k 4k 8k 16k 32k".split()],
                    metavar="T", help="S = T tokens per sentence (1k = 1024)")
     p.add_argument("--batch", type=int, default=1, metavar="B")
-    p.add_argument("--embed-dim", type=int, default=1024)
-    p.add_argument("--ffn-dim", type=int, default=4096)
-    p.add_argument("--heads", type=int, default=16)
-    p.add_argument("--layers", type=int, default=6, help="encoder layers = decoder layers")
+    p.add_argument("--arch", help="an ls_* arch of fairseq_lightseq.families (default: ls_transformer with the "
+                                  "widths below); its fairseq defaults set the widths not given")
+    p.add_argument("--embed-dim", type=int, help="default 1024 (without --arch)")
+    p.add_argument("--ffn-dim", type=int, help="default 4096 (without --arch)")
+    p.add_argument("--heads", type=int, help="default 16 (without --arch)")
+    p.add_argument("--layers", type=int, help="encoder layers = decoder layers; default 6 (without --arch)")
     p.add_argument("--vocab", type=int, default=1000, help="dictionary symbols (plus fairseq's 4 special ones)")
     p.add_argument("--dropout", type=float, default=0.1)
+    p.add_argument("--attention-dropout", type=float, metavar="P",
+                   help="the attention probabilities' (default: --dropout). 0 with --attention sdpa on the CPU: "
+                        "torch's flash kernel, which keeps what the CUDA ones keep (its math fallback for "
+                        "dropout keeps [B, H, Tq, Tk])")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--dtype", choices=["float32", "bf16"], default="float32")
     p.add_argument("--attention", choices=["explicit", "sdpa"], default="explicit",
@@ -84,19 +98,40 @@ def parse_args(argv=None):
     p.add_argument("--table-from", metavar="PATH", help="only print the table of a JSON this script wrote")
     check_args.add(p)
     a = p.parse_args(argv)
+    try:
+        _widths(a)
+    except ValueError as e:
+        p.error(f"--arch: {e}")
     for P in [] if a.gloo_only else a.sizes:
         if P < 1:
             p.error(f"--sizes: P must be >= 1, got {P}")
-        if "ulysses" in a.modes and a.heads % P:
+        if a.modes == ["ulysses"] and a.heads % P:
             p.error(f"--sizes {P} with --modes ulysses needs --heads ({a.heads}) divisible by P")
     if (a.gloo or a.gloo_only) and a.modes[0] == "ulysses" and a.heads % 2:
         p.error(f"--gloo with --modes ulysses needs --heads ({a.heads}) divisible by 2")
-    if a.dtype == "bf16" and a.device != "cuda":
-        p.error("--dtype bf16 needs --device cuda (the CPU runs float32)")
+    if a.dtype == "bf16" and a.device != "cuda" and not a.fake_only:
+        p.error("--dtype bf16 needs --device cuda or --fake-only (the CPU runs float32)")
     if a.device == "cuda" and not torch.cuda.is_available() and not a.check_args:
         p.error("--device cuda: no CUDA device")
     check_args.finish(a, "bench_sequence_parallel.py")
     return a
+
+
+def _widths(a) -> None:
+    """Fills the width flags left unset: from --arch's fairseq arch function, else Transformer-big's."""
+    defaults = {"embed_dim": 1024, "ffn_dim": 4096, "heads": 16, "layers": 6}
+    if a.arch:
+        from argparse import Namespace
+
+        from fairseq_lightseq.families import family_of
+
+        ns = Namespace()
+        family_of(a.arch).architectures[a.arch](ns)
+        defaults = {"embed_dim": ns.decoder_embed_dim, "ffn_dim": ns.decoder_ffn_embed_dim,
+                    "heads": ns.decoder_attention_heads, "layers": ns.decoder_layers}
+    for k, v in defaults.items():
+        if getattr(a, k) is None:
+            setattr(a, k, v)
 
 
 def _log(msg: str) -> None:
@@ -120,18 +155,19 @@ def run_grid(a, out: dict) -> None:
         torch.set_num_threads(a.threads)
     if a.attention == "sdpa":
         multihead_attention.SDPA_MODE = "always"
-    cfg = {"embed_dim": a.embed_dim, "ffn_dim": a.ffn_dim, "heads": a.heads, "layers": a.layers, "vocab": a.vocab,
-           "dropout": a.dropout}
+    cfg = {"arch": a.arch, "embed_dim": a.embed_dim, "ffn_dim": a.ffn_dim, "heads": a.heads, "layers": a.layers,
+           "vocab": a.vocab, "dropout": a.dropout, "attention_dropout": a.attention_dropout}
     dtype = torch.bfloat16 if a.dtype == "bf16" else torch.float32
     elem = torch.finfo(dtype).bits // 8
     t0 = time.perf_counter()
     task, model, criterion = sp_cells.build(cfg, max(a.lengths) + 8)
     model.to(device=a.device, dtype=dtype)
+    shape, decoder_only = sp_cells.shape(model), sp_cells.decoder_only(model)
     params = list(model.parameters())
     param_bytes = sum(p.numel() * p.element_size() for p in params)
     _log(f"model built: {sum(p.numel() for p in params) / 1e6:.1f}M parameters ({param_bytes / GIB:.2f} GiB), "
          f"{time.perf_counter() - t0:.0f} s")
-    out["config"] = {**cfg, "batch": a.batch, "device": a.device, "dtype": a.dtype, "attention": a.attention,
+    out["config"] = {**cfg, **shape, "batch": a.batch, "device": a.device, "dtype": a.dtype, "attention": a.attention,
                      "max_gib": a.max_gib, "real_max_length": a.real_max_length,
                      "warmup": a.warmup, "reps": a.reps, "threads": torch.get_num_threads(),
                      "parameters": sum(p.numel() for p in params), "parameter_bytes": param_bytes,
@@ -139,12 +175,18 @@ def run_grid(a, out: dict) -> None:
     sdpa = multihead_attention.use_sdpa(torch.empty(0, device=a.device))  # CUDA: torch's fused attention
     attention = "sdpa" if sdpa else "kernel" if ops.has_kernel("attention_softmax_fwd", a.device) else "reference"
     cells = out["cells"] = []
-    grid = [(T, P, m) for T in a.lengths for P in a.sizes for m in a.modes if not (P == 1 and m != a.modes[0])]
+    grid = [(T, P, m) for T in a.lengths for P in a.sizes for m in a.modes if not (P == 1 and m != a.modes[0])
+            and not (P > 1 and m == "ulysses" and a.heads % P)]
+    left_out = sorted({P for P in a.sizes if P > 1 and "ulysses" in a.modes and a.heads % P})
+    if left_out:
+        _log(f"ulysses left out at P = {left_out}: --heads {a.heads} is not divisible (the model refuses it)")
     for i, (T, P, mode) in enumerate(grid):
         group = sp_cells.set_group(P)
-        smp = sp_cells.sample(task, a.batch, T, a.device)
-        exp = sp_cells.expected_bytes(mode, P, T, T, a.batch, a.embed_dim, a.layers, a.layers, elem)
-        cell = {"mode": mode if P > 1 else "none", "P": P, "T": T, "S": T, "B": a.batch, "expected_sent": exp}
+        smp = sp_cells.sample(task, a.batch, T, a.device, decoder_only=decoder_only)
+        exp = sp_cells.expected_bytes(mode, P, T, T, a.batch, shape["embed_dim"], shape["encoder_layers"],
+                                      shape["decoder_layers"], elem, decoder_only)
+        cell = {"mode": mode if P > 1 else "none", "P": P, "T": T, "S": 0 if decoder_only else T, "B": a.batch,
+                "expected_sent": exp}
         fk = sp_cells.fake_cell(model, criterion, smp, group, P, mode)
         cell["fake"] = fk
         cell["attention"] = attention
@@ -218,12 +260,31 @@ def table(res: dict) -> str:
     return "\n".join(rows)
 
 
+def summary(res: dict) -> str:
+    """One row per T, a column per (mode, P): GiB one rank keeps for backward (fake count; allgather: its
+    last rank's, which keeps the most) / MiB it sends per direction."""
+    cols = list(dict.fromkeys((c["mode"], c["P"]) for c in res["cells"]))
+    cells = {(c["mode"], c["P"], c["T"]): c for c in res["cells"]}
+    rows = ["| T | " + " | ".join(f"{m} P={P}" for m, P in cols) + " |", "|---|" + "---|" * len(cols)]
+    for T in dict.fromkeys(c["T"] for c in res["cells"]):
+        out = []
+        for m, P in cols:
+            c = cells.get((m, P, T))
+            if c is None:
+                out.append("")
+                continue
+            saved = max(c["fake"]["saved_bytes"], c.get("fake_last_rank", {}).get("saved_bytes", 0))
+            out.append(f"{saved / GIB:,.2f} / {c['fake']['sent']['forward'] / MIB:,.0f}")
+        rows.append(f"| {T} | " + " | ".join(out) + " |")
+    return "\n".join(rows)
+
+
 def main(argv=None) -> dict:
     a = parse_args(argv)
     if a.table_from:
         with open(a.table_from) as f:
             res = json.load(f)
-        print(table(res) if res.get("cells") else "no cells in " + a.table_from)
+        print(table(res) + "\n\n" + summary(res) if res.get("cells") else "no cells in " + a.table_from)
         return res
     out = {"command": " ".join(["python", "scripts/bench_sequence_parallel.py"] + list(sys.argv[1:] if argv is None
                                                                                    else argv))}
@@ -232,7 +293,7 @@ def main(argv=None) -> dict:
     if a.gloo or a.gloo_only:
         from bench_support import sp_gloo
 
-        cfg = {"embed_dim": a.gloo_embed_dim, "ffn_dim": 4 * a.gloo_embed_dim, "heads": a.heads,
+        cfg = {"arch": a.arch, "embed_dim": a.gloo_embed_dim, "ffn_dim": 4 * a.gloo_embed_dim, "heads": a.heads,
                "layers": a.gloo_layers, "vocab": a.vocab, "dropout": a.dropout}
         out["gloo"] = sp_gloo.run(cfg, a.modes[0], a.batch, a.gloo_length, 1, a.gloo_steps, 1, log=_log)
     _save(a.json, out)
@@ -246,6 +307,8 @@ def main(argv=None) -> dict:
               f"attention {a.attention}). 'attention probs': the softmax-dropout that ran (kernel: the compiled "
               f"op, with the shard's coordinates; reference: its pure-PyTorch version, without a compiled library; "
               f"sdpa: torch's fused attention).")
+        print("\nPer rank: GiB kept for backward (the most any rank keeps) / MiB sent per direction\n")
+        print(summary(out))
     if "gloo" in out:
         g = out["gloo"]
         print(f"\ngloo on this CPU, {g['mode']}, B={g['B']} T={g['T']}: P=1 {g['p1_tokens_per_s']:.0f} tokens/s, "

@@ -2,9 +2,10 @@
 run in this process over torch's fake process group (collectives allocate their outputs and send
 nothing; collectives.py still counts the bytes a real group would send).
 
-- `build(cfg)`: ls_transformer (fairseq's build_model, a small Dictionary) and the
-  ls_label_smoothed_cross_entropy criterion, all dropouts as given;
-- `sample(...)`: B full-length sentences of S = T random tokens;
+- `build(cfg)`: the model of cfg's arch (ls_transformer by default, or any arch of
+  fairseq_lightseq/families.py's table, e.g. ls_transformer_lm_gpt2_small; fairseq's build_model, a
+  Dictionary of cfg's vocab) and its family's criterion, all dropouts as given;
+- `sample(...)`: B full-length sentences of S = T random tokens (a language model: B blocks of T);
 - `expected_bytes(...)`: the bytes one rank sends per direction (forward = backward), from the issue's
   per-layer volumes;
 - `fake_cell(...)`: saved bytes and bytes sent under torch's FakeTensorMode (shapes only: no memory,
@@ -28,47 +29,80 @@ class _Task:
 
 
 def build(cfg: dict, max_positions: int):
-    """(task, model, criterion): ls_transformer with cfg's widths (embed_dim, ffn_dim, heads, layers for
-    both encoder and decoder, vocab symbols, dropout for all three sites), float32 on the CPU, train mode."""
-    import fairseq_lightseq  # noqa: F401  (registers the model and criterion)
+    """(task, model, criterion), float32 on the CPU, train mode. cfg: "arch" (None: ls_transformer), the
+    widths embed_dim, ffn_dim, heads, layers (encoder and decoder alike; None: the arch's own), vocab
+    symbols, dropout for all three sites (attention_dropout, if given, for the attention's). The arch's function (fairseq's) sets what cfg leaves out; the
+    criterion is its family's (families.py), label smoothing 0.1 where it takes one."""
+    import fairseq_lightseq  # noqa: F401  (registers the models and criteria)
+    from fairseq.criterions import CRITERION_REGISTRY
     from fairseq.data import Dictionary
-    from fairseq_lightseq.criterions.ls_label_smoothed_cross_entropy import LsLabelSmoothedCrossEntropyCriterion
-    from fairseq_lightseq.models.ls_transformer import LSTransformerModel
+    from fairseq.models import ARCH_MODEL_REGISTRY
+    from fairseq_lightseq.families import family_of
 
+    arch = cfg.get("arch") or "ls_transformer"
+    family = family_of(arch)
     d = Dictionary()
     for i in range(cfg["vocab"]):
         d.add_symbol(f"w{i}")
     task = _Task(d)
-    E, F, H, L, p = cfg["embed_dim"], cfg["ffn_dim"], cfg["heads"], cfg["layers"], cfg["dropout"]
+    widths = {"embed_dim": cfg.get("embed_dim"), "ffn_embed_dim": cfg.get("ffn_dim"),
+              "attention_heads": cfg.get("heads"), "layers": cfg.get("layers")}
+    p = cfg["dropout"]
+    pa = p if cfg.get("attention_dropout") is None else cfg["attention_dropout"]
     args = argparse.Namespace(
-        encoder_embed_dim=E, encoder_ffn_embed_dim=F, encoder_attention_heads=H, encoder_layers=L,
-        decoder_embed_dim=E, decoder_ffn_embed_dim=F, decoder_attention_heads=H, decoder_layers=L,
-        dropout=p, attention_dropout=p, activation_dropout=p,
-        max_source_positions=max_positions, max_target_positions=max_positions)
+        **{f"{side}_{k}": v for side in ("encoder", "decoder") for k, v in widths.items() if v is not None},
+        dropout=p, attention_dropout=pa, activation_dropout=p, max_source_positions=max_positions,
+        max_target_positions=max_positions, tokens_per_sample=max_positions, arch=arch)
+    family.architectures[arch](args)
     torch.manual_seed(0)
-    model = LSTransformerModel.build_model(args, task)
-    criterion = LsLabelSmoothedCrossEntropyCriterion(task, False, 0.1)
+    model = ARCH_MODEL_REGISTRY[arch].build_model(args, task)
+    criterion = CRITERION_REGISTRY[family.criterion].build_criterion(
+        argparse.Namespace(sentence_avg=False, label_smoothing=0.1, ignore_prefix_size=0, report_accuracy=False),
+        task)
     model.train()
     criterion.train()
     return task, model, criterion
 
 
-def sample(task, B: int, T: int, device, seed: int = 1) -> dict:
+def stacks(model) -> list:
+    """The encoder (none in a language model) and the decoder: the modules that take a SequenceParallel."""
+    return [m for m in (getattr(model, "encoder", None), model.decoder) if m is not None]
+
+
+def decoder_only(model) -> bool:
+    """Whether the model has no encoder (a language model)."""
+    return getattr(model, "encoder", None) is None
+
+
+def shape(model) -> dict:
+    """The built model's widths: embed_dim, ffn_dim, heads, encoder_layers (0: decoder-only), decoder_layers."""
+    layer = model.decoder.layers[0]
+    encoder = getattr(model, "encoder", None)
+    return {"embed_dim": layer.self_attn.embed_dim, "ffn_dim": layer.fc1.out_features,
+            "heads": layer.self_attn.num_heads, "encoder_layers": len(encoder.layers) if encoder is not None else 0,
+            "decoder_layers": len(model.decoder.layers)}
+
+
+def sample(task, B: int, T: int, device, seed: int = 1, decoder_only: bool = False) -> dict:
     """B sentences, S = T tokens each (no padding): src [B, T], prev_output_tokens [B, T] (eos first),
-    target [B, T], int64 on `device`."""
+    target [B, T], int64 on `device`. decoder_only (the language_modeling task's sample): src_tokens
+    [B, T] and their next tokens as target, no prev_output_tokens."""
     g = torch.Generator().manual_seed(seed)
     d = task.target_dictionary
     src = torch.randint(d.nspecial, len(d), (B, T), generator=g)
     prev = torch.randint(d.nspecial, len(d), (B, T), generator=g)
     prev[:, 0] = d.eos()
+    if decoder_only:
+        prev = src
     target = torch.cat([prev[:, 1:], torch.full((B, 1), d.eos())], 1)
-    return {"net_input": {"src_tokens": src.to(device), "src_lengths": torch.full((B,), T).to(device),
-                          "prev_output_tokens": prev.to(device)},
-            "target": target.to(device), "ntokens": B * T}
+    net_input = {"src_tokens": src.to(device), "src_lengths": torch.full((B,), T).to(device)}
+    if not decoder_only:
+        net_input["prev_output_tokens"] = prev.to(device)
+    return {"net_input": net_input, "target": target.to(device), "ntokens": B * T}
 
 
 def expected_bytes(mode: str, P: int, S: int, T: int, B: int, E: int, enc_layers: int, dec_layers: int,
-                   elem: int) -> dict:
+                   elem: int, decoder_only: bool = False) -> dict:
     """Bytes rank 0 sends in one forward (the backward sends the same), by the issue's volumes, with
     Ns = S_pad * B and Nt = T_pad * B rows (S, T padded up to multiples of P) and width E:
 
@@ -78,14 +112,17 @@ def expected_bytes(mode: str, P: int, S: int, T: int, B: int, E: int, enc_layers
                    (self; cross-attention sends nothing)
         both       once per forward: the encoder output's gather, Ns E (P-1)/P
 
-    times the element size. Returns {"self_attention", "cross_attention", "encoder_output", "total"}."""
+    times the element size; decoder_only (a language model: no encoder, no cross-attention): the decoder
+    layers' self-attention only. Returns {"self_attention", "cross_attention", "encoder_output", "total"}."""
+    if decoder_only:
+        S, enc_layers = 0, 0
     if P == 1:
         return {"self_attention": 0, "cross_attention": 0, "encoder_output": 0, "total": 0}
     Ns, Nt = -(-S // P) * P * B, -(-T // P) * P * B
     f = Fraction(P - 1, P)
     if mode == "ulysses":
         self_attn = 4 * E * f / P * (enc_layers * Ns + dec_layers * Nt)
-        cross = 2 * E * f / P * dec_layers * Nt
+        cross = Fraction(0) if decoder_only else 2 * E * f / P * dec_layers * Nt
     else:
         self_attn = 2 * E * f * (enc_layers * Ns + dec_layers * Nt)
         cross = Fraction(0)
@@ -136,7 +173,8 @@ def _shard(model, group, P: int, mode: str) -> None:
     from fairseq_lightseq.sequence_parallel.sharding import SequenceParallel
 
     sp = SequenceParallel(group, P, dist.get_rank(group), mode) if P > 1 else None
-    model.encoder.sequence_parallel = model.decoder.sequence_parallel = sp
+    for m in stacks(model):
+        m.sequence_parallel = sp
 
 
 def _sent():

@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from bench_support.sp_cells import build, sample
+from bench_support.sp_cells import build, decoder_only, sample, stacks
 
 
 def _steps(model, criterion, smp, warmup: int, steps: int, all_reduce: bool) -> list:
@@ -45,9 +45,10 @@ def _worker(rank: int, port: int, cfg: dict, mode: str, B: int, T: int, warmup: 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     try:
         task, model, criterion = build(cfg, T + 8)
-        model.encoder.sequence_parallel = model.decoder.sequence_parallel = SequenceParallel(
-            dist.group.WORLD, 2, rank, mode)
-        times = _steps(model, criterion, sample(task, B, T, "cpu"), warmup, steps, True)
+        for m in stacks(model):
+            m.sequence_parallel = SequenceParallel(dist.group.WORLD, 2, rank, mode)
+        times = _steps(model, criterion, sample(task, B, T, "cpu", decoder_only=decoder_only(model)),
+                       warmup, steps, True)
         if rank == 0:
             queue.put(times)
     finally:
@@ -79,7 +80,7 @@ def run(cfg: dict, mode: str, B: int, T: int, warmup: int, steps: int, threads: 
     log(f"gloo: P=1, 1 process x {2 * threads} thread(s)")
     torch.set_num_threads(2 * threads)
     task, model, criterion = build(cfg, T + 8)
-    t1 = _steps(model, criterion, sample(task, B, T, "cpu"), warmup, steps, False)
+    t1 = _steps(model, criterion, sample(task, B, T, "cpu", decoder_only=decoder_only(model)), warmup, steps, False)
     m1, m2 = statistics.median(t1), statistics.median(t2)
     res = {"mode": mode, "B": B, "T": T, "warmup": warmup, "steps": steps, "threads_per_rank": threads,
            "p1_step_seconds": t1, "p2_step_seconds": t2, "p1_tokens_per_s": B * T / m1, "p2_tokens_per_s": B * T / m2,

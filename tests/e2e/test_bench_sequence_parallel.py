@@ -1,8 +1,10 @@
 """scripts/bench_sequence_parallel.py run tiny through its command line (1 layer, width 32, 4 heads;
-T = S in {16, 33}, P in {1, 2, 4}, both modes): the JSON has every cell; the bytes rank 0 sends per
-direction equal the issue's volumes for the whole model (recomputed here from the per-layer table);
-a rank of P = 2 and 4 keeps fewer bytes for backward than one process; the fake-tensor count agrees
-with the real one; --gloo runs 2 real processes. Times are not judged (a shared CPU). Marked `e2e`."""
+T = S in {16, 33}, P in {1, 2, 4}, both modes), for translation and for the language model (--arch
+ls_transformer_lm): the JSON has every cell; the bytes rank 0 sends per direction equal the issue's
+volumes for the whole model (recomputed here from the per-layer table); a rank of P = 2 and 4 keeps
+fewer bytes for backward than one process; the fake-tensor count agrees with the real one; --arch
+takes its widths from fairseq's arch function; --gloo runs 2 real processes. Times are not judged (a
+shared CPU). Marked `e2e`."""
 import json
 import os
 import subprocess
@@ -19,10 +21,10 @@ TINY = ["--embed-dim", "32", "--ffn-dim", "64", "--heads", "4", "--layers", "1",
 E, L, B, FP32 = 32, 1, 1, 4
 
 
-def bench(tmp_path, *args, check=True):
+def bench(tmp_path, *args, check=True, tiny=TINY):
     out = tmp_path / "sp.json"
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
-    r = subprocess.run([sys.executable, SCRIPT, *TINY, "--json", str(out), *args], capture_output=True, text=True,
+    r = subprocess.run([sys.executable, SCRIPT, *tiny, "--json", str(out), *args], capture_output=True, text=True,
                        timeout=300, env=env)
     if not check:
         return r
@@ -30,12 +32,15 @@ def bench(tmp_path, *args, check=True):
     return json.loads(out.read_text()), r.stdout
 
 
-def volume(mode, P, T):
+def volume(mode, P, T, lm=False):
     """Bytes one rank sends per direction, float32. Per layer (N = T_pad * B rows): ulysses
     self-attention 4NE(P-1)/P^2, its cross-attention 2NE(P-1)/P^2 (queries out, output back);
     allgather self-attention 2NE(P-1)/P, cross-attention nothing; plus, once, the encoder output's
-    all-gather NE(P-1)/P (its backward: the reduce-scatter of as many bytes)."""
+    all-gather NE(P-1)/P (its backward: the reduce-scatter of as many bytes). The language model
+    (lm): its decoder layers' self-attention only."""
     N = -(-T // P) * P * B
+    if lm:
+        return FP32 * L * N * E * (P - 1) * (4 / P ** 2 if mode == "ulysses" else 2 / P)
     if mode == "ulysses":
         per_layer = (4 * N * E * (P - 1) + 4 * N * E * (P - 1) + 2 * N * E * (P - 1)) / P ** 2
     else:
@@ -43,14 +48,18 @@ def volume(mode, P, T):
     return FP32 * (L * per_layer + N * E * (P - 1) / P)
 
 
-def test_grid_counts_volumes_and_saved_bytes(tmp_path):
-    res, table = bench(tmp_path, "--lengths", "16", "33", "--sizes", "1", "2", "4", "--warmup", "0", "--reps", "1")
+@pytest.mark.parametrize("model", [[], ["--arch", "ls_transformer_lm"]], ids=["translation", "lm"])
+def test_grid_counts_volumes_and_saved_bytes(tmp_path, model):
+    res, table = bench(tmp_path, *model, "--lengths", "16", "33", "--sizes", "1", "2", "4", "--warmup", "0",
+                       "--reps", "1")
+    lm = bool(model)
+    assert res["config"]["encoder_layers"] == (0 if lm else L) and res["config"]["decoder_layers"] == L
     cells = {(c["mode"], c["P"], c["T"]): c for c in res["cells"]}
     expected = {("none", 1, T) for T in (16, 33)} | {(m, P, T) for m in ("ulysses", "allgather") for P in (2, 4)
                                                        for T in (16, 33)}
     assert set(cells) == expected
     for (mode, P, T), c in cells.items():
-        want = 0 if P == 1 else volume(mode, P, T)
+        want = 0 if P == 1 else volume(mode, P, T, lm)
         for kind in ("fake", "real"):
             sent = c[kind]["sent"]
             assert sent["forward"] == sent["backward"] == want == c["expected_sent"]["total"], (mode, P, T, kind, sent)
@@ -80,6 +89,22 @@ def test_gloo_two_processes(tmp_path):
     assert g["p1_tokens_per_s"] > 0 and g["p2_tokens_per_s"] > 0 and "ratio" in out
 
 
+def test_arch_widths_and_ulysses_left_out(tmp_path):
+    """--arch ls_transformer_lm_gpt: GPT-2 small's widths from fairseq's arch function (--layers given
+    overrides its 12); 12 heads: ulysses is left out at P = 8, allgather runs. bf16 on the CPU under
+    --fake-only (the volumes at 2 bytes an element), with SDPA and no attention dropout."""
+    res, _ = bench(tmp_path, "--arch", "ls_transformer_lm_gpt", "--layers", "1", "--lengths", "64", "--sizes", "1",
+                   "8", "--fake-only", "--dtype", "bf16", "--attention", "sdpa", "--attention-dropout", "0",
+                   tiny=["--vocab", "50", "--threads", "1"])
+    cfg = res["config"]
+    assert (cfg["embed_dim"], cfg["ffn_dim"], cfg["heads"], cfg["decoder_layers"]) == (768, 3072, 12, 1), cfg
+    assert (cfg["dtype"], cfg["attention"], cfg["attention_dropout"]) == ("bf16", "sdpa", 0.0), cfg
+    assert res["cells"][1]["expected_sent"]["total"] == 2 * 64 * 768 * 7 // 8 * 2
+    assert {(c["mode"], c["P"]) for c in res["cells"]} == {("none", 1), ("allgather", 8)}
+    assert all(c["fake"]["sent"]["forward"] == c["expected_sent"]["total"] for c in res["cells"])
+
+
 def test_refuses_heads_not_divisible():
-    r = subprocess.run([sys.executable, SCRIPT, *TINY, "--sizes", "3"], capture_output=True, text=True, timeout=120)
+    r = subprocess.run([sys.executable, SCRIPT, *TINY, "--sizes", "3", "--modes", "ulysses"], capture_output=True,
+                       text=True, timeout=120)
     assert r.returncode != 0 and "--heads (4) divisible by P" in r.stderr

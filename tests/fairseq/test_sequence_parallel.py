@@ -1,44 +1,48 @@
-"""Sequence parallelism against the single-process run (issue: ls_transformer over P ranks).
+"""Sequence parallelism against the single-process run, for both model families: ls_transformer
+(translation) and ls_transformer_lm (the decoder-only language model) over P ranks.
 
 Every rank builds the same model (float64, all dropouts 0.1) and batches. It computes the unsharded
 reference itself (one process, the DP batches summed), then its sharded share through the criterion;
 the world all-reduce of the shares (what fairseq's DDP does) must give the reference's summed loss,
 nll, counts and every gradient to 1e-9 relative. Ranks run over gloo on the CPU: 2 processes (P=2)
-and 4 (P=4, and 2 SP x 2 DP with different batches), one spawn per world size for all configurations.
+and 4 (P=4, and 2 SP x 2 DP with different batches), one spawn per world size and family for all
+configurations.
 """
 import argparse
+from typing import Callable, Dict, NamedTuple, Tuple
 
 import pytest
 import torch
 import torch.distributed as dist
 
 from support.dist import run
-from support.models import batch, make_task, perturb_
+from support.models import TINY, batch, make_task, perturb_
 
-CONFIGS = {
-    "base": {},
-    "pre_ln": dict(encoder_normalize_before=True, decoder_normalize_before=True),
-    "shared_learned_lnemb": dict(share_all_embeddings=True, encoder_learned_pos=True, decoder_learned_pos=True,
-                                 layernorm_embedding=True),
-    "checkpoint_activations": dict(checkpoint_activations=True),
-}
-# (S, T): neither a multiple of P; with P = 4, S = 5 leaves rank 3 two padding rows only; T = 3 < P.
-SHAPES = ((7, 5), (5, 3))
+DROPOUTS = {"dropout": 0.1, "attention_dropout": 0.1, "activation_dropout": 0.1}
 
 
-def _model(cfg, P, mode):
+class Family(NamedTuple):
+    """A model family under test: its configurations (arch overrides), shapes, and builders of the
+    model, a data-parallel shard's sample and the criterion."""
+
+    configs: Dict[str, dict]
+    shapes: Tuple[tuple, ...]
+    model: Callable  # (cfg name) -> (task, float64 model)
+    sample: Callable  # (task, dp_index, shape) -> fairseq sample
+    criterion: Callable  # (task) -> criterion
+
+
+def _translation_model(cfg):
     from fairseq_lightseq.models.ls_transformer import LSTransformerModel
-    from support.models import TINY
 
     task = make_task(joined=True)
-    args = argparse.Namespace(**{**TINY, "dropout": 0.1, "attention_dropout": 0.1, "activation_dropout": 0.1,
-                                 **CONFIGS[cfg]})
+    args = argparse.Namespace(**{**TINY, **DROPOUTS, **TRANSLATION.configs[cfg]})
     torch.manual_seed(0)
-    model = perturb_(LSTransformerModel.build_model(args, task), 0).double()
-    return task, model
+    return task, perturb_(LSTransformerModel.build_model(args, task), 0).double()
 
 
-def _sample(task, dp_index, S, T):
+def _translation_sample(task, dp_index, shape):
+    S, T = shape
     src, lengths, prev = batch(task, B=3, S=S, T=T, seed=10 + dp_index)
     target = torch.cat([prev[:, 1:], torch.full_like(prev[:, :1], task.target_dictionary.pad())], 1)
     target[:, -1] = torch.where(prev[:, -1].ne(task.target_dictionary.pad()), task.target_dictionary.eos(),
@@ -47,84 +51,175 @@ def _sample(task, dp_index, S, T):
             "target": target, "ntokens": int(target.ne(task.target_dictionary.pad()).sum())}
 
 
+def _translation_criterion(task):
+    from fairseq_lightseq.criterions.ls_label_smoothed_cross_entropy import LsLabelSmoothedCrossEntropyCriterion
+
+    return LsLabelSmoothedCrossEntropyCriterion(task, False, 0.1, report_accuracy=True)
+
+
+# (S, T): neither a multiple of P; with P = 4, S = 5 leaves rank 3 two padding rows only; T = 3 < P.
+TRANSLATION = Family(
+    configs={
+        "base": {},
+        "pre_ln": dict(encoder_normalize_before=True, decoder_normalize_before=True),
+        "shared_learned_lnemb": dict(share_all_embeddings=True, encoder_learned_pos=True, decoder_learned_pos=True,
+                                     layernorm_embedding=True),
+        "checkpoint_activations": dict(checkpoint_activations=True),
+    },
+    shapes=((7, 5), (5, 3)), model=_translation_model, sample=_translation_sample, criterion=_translation_criterion)
+
+def _lm_model(cfg):
+    from fairseq_lightseq.models.ls_transformer_lm import LSTransformerLanguageModel
+    from support.lm import build_lm, perturb_lm_
+
+    task = make_task(joined=True)
+    torch.manual_seed(0)
+    model = build_lm(LSTransformerLanguageModel, task, **DROPOUTS, **LM.configs[cfg])
+    return task, perturb_lm_(model, 0).double()
+
+
+def _lm_sample(task, dp_index, shape):
+    """The language_modeling task's sample: B = 3 blocks of T tokens, right padded as
+    --sample-break-mode complete/eos pads them (row 0 full, as every --sample-break-mode none block),
+    net_input {src_tokens, src_lengths}, target the next tokens."""
+    from support.lm import lm_batch
+
+    (T,) = shape
+    tokens, target = lm_batch(task, B=3, T=T, seed=20 + dp_index)
+    pad = task.source_dictionary.pad()
+    return {"net_input": {"src_tokens": tokens, "src_lengths": tokens.ne(pad).sum(1)}, "target": target,
+            "ntokens": int(target.ne(pad).sum())}
+
+
+def _lm_criterion(task):
+    from fairseq_lightseq.criterions.ls_cross_entropy import LsCrossEntropyCriterion
+
+    return LsCrossEntropyCriterion(task, False)
+
+
+# T: 7 (not a multiple of P), 3 (< P = 4: rank 3 holds padding rows only)
+LM = Family(
+    configs={
+        "base": {},
+        "pre_ln": dict(decoder_normalize_before=True),
+        "shared_learned_lnemb": dict(share_decoder_input_output_embed=True, decoder_learned_pos=True,
+                                     layernorm_embedding=True),
+        "checkpoint_activations": dict(checkpoint_activations=True),
+    },
+    shapes=((7,), (3,)), model=_lm_model, sample=_lm_sample, criterion=_lm_criterion)
+
+FAMILIES = {"translation": TRANSLATION, "lm": LM}
+
+
+def _stacks(model):
+    """The encoder (if any) and the decoder: the modules that take a SequenceParallel."""
+    return [m for m in (getattr(model, "encoder", None), model.decoder) if m is not None]
+
+
 def _step(model, criterion, sample, seed, train):
-    """(loss, nll, ntokens, nsentences, sample_size, {name: grad}) of one forward/backward."""
+    """(loss, nll, ntokens, nsentences, sample_size, {name: grad}) of one forward/backward (nll 0 for a
+    criterion that logs none)."""
     model.zero_grad()
     model.train(train)
     torch.manual_seed(seed)
     loss, sample_size, log = criterion(model, sample)
     loss.backward()
     grads = {n: p.grad.clone() if p.grad is not None else torch.zeros_like(p) for n, p in model.named_parameters()}
-    return torch.tensor([float(log["loss"]), float(log["nll_loss"]), log["ntokens"], log["nsentences"],
+    return torch.tensor([float(log["loss"]), float(log.get("nll_loss", 0.0)), log["ntokens"], log["nsentences"],
                          sample_size], dtype=torch.float64), grads
 
 
-def _check_config(cfg, P, mode, S, T, train=True):
-    from fairseq_lightseq.criterions.ls_label_smoothed_cross_entropy import LsLabelSmoothedCrossEntropyCriterion
+def _check_config(family, cfg, P, mode, shape, train=True):
+    """Asserts this rank's share, all-reduced, equals the single-process run; returns the largest
+    relative error of a gradient (max |SP - one| / max |one| over a tensor, for the tensors whose
+    gradient is not zero)."""
     from fairseq_lightseq.sequence_parallel.groups import new_sequence_parallel_group
     from fairseq_lightseq.sequence_parallel.sharding import SequenceParallel
 
+    fam = FAMILIES[family]
     world = dist.get_world_size()
-    task, model = _model(cfg, P, mode)
-    criterion = LsLabelSmoothedCrossEntropyCriterion(task, False, 0.1, report_accuracy=True)
+    task, model = fam.model(cfg)
+    criterion = fam.criterion(task)
     g = new_sequence_parallel_group(P)
     # the reference: one process, every data-parallel batch
     ref_counts, ref_grads = 0, None
     for d in range(world // P):
-        c, gr = _step(model, criterion, _sample(task, d, S, T), 123, train)
+        c, gr = _step(model, criterion, fam.sample(task, d, shape), 123, train)
         ref_counts = ref_counts + c
         ref_grads = gr if ref_grads is None else {n: ref_grads[n] + gr[n] for n in gr}
     # this rank's share of its data-parallel batch
-    model.encoder.sequence_parallel = model.decoder.sequence_parallel = SequenceParallel(g.group, P, g.rank, mode)
-    counts, grads = _step(model, criterion, _sample(task, g.index, S, T), 123, train)
-    model.encoder.sequence_parallel = model.decoder.sequence_parallel = None
+    for m in _stacks(model):
+        m.sequence_parallel = SequenceParallel(g.group, P, g.rank, mode)
+    counts, grads = _step(model, criterion, fam.sample(task, g.index, shape), 123, train)
+    for m in _stacks(model):
+        m.sequence_parallel = None
     dist.all_reduce(counts)
     for gr in grads.values():
         dist.all_reduce(gr)
-    where = f"{cfg} P={P} {mode} S={S} T={T} train={train}"
+    where = f"{family} {cfg} P={P} {mode} shape={shape} train={train}"
     torch.testing.assert_close(counts, ref_counts, rtol=1e-9, atol=1e-9, msg=lambda m: f"{where}: counts {m}")
+    worst = 0.0
     for n, gr in grads.items():
         torch.testing.assert_close(gr, ref_grads[n], rtol=1e-9, atol=1e-11, msg=lambda m: f"{where}: grad {n} {m}")
         assert ref_grads[n].abs().sum() > 0 or "version" in n or n.endswith("padding"), f"{where}: {n} has no gradient"
+        scale = ref_grads[n].abs().max().item()
+        if scale > 1e-8:  # not the key biases' (zero in exact arithmetic: rounding noise)
+            worst = max(worst, (gr - ref_grads[n]).abs().max().item() / scale)
+    return worst
 
 
-def _all_configs(sizes):
+def _all_configs(family, sizes):
+    """Every configuration, shape and mode at each P; returns the largest relative gradient error."""
+    fam, worst = FAMILIES[family], 0.0
     for P in sizes:
         for mode in ("ulysses", "allgather"):
-            for cfg in CONFIGS:
-                for S, T in SHAPES:
-                    _check_config(cfg, P, mode, S, T)
-            _check_config("base", P, mode, 7, 5, train=False)  # eval mode: no dropout, still sharded
+            for cfg in fam.configs:
+                for shape in fam.shapes:
+                    worst = max(worst, _check_config(family, cfg, P, mode, shape))
+            # eval mode: no dropout, still sharded
+            worst = max(worst, _check_config(family, "base", P, mode, fam.shapes[0], train=False))
+    return worst
 
 
+@pytest.mark.parametrize("family", list(FAMILIES))
 @pytest.mark.parametrize("world,sizes", [(2, (2,)), (4, (4, 2))], ids=["world2_P2", "world4_P4_and_2x2"])
-def test_sharded_equals_one_process(world, sizes):
-    run(_all_configs, world, sizes, timeout=600)
+def test_sharded_equals_one_process(family, world, sizes):
+    worst = run(_all_configs, world, family, sizes, timeout=600)
+    print(f"{family} world {world}: largest relative gradient error {max(worst):.3g}")
 
 
 def _layer_volumes(sizes):
-    """Bytes one encoder layer's self-attention sends per rank, forward and backward (§2's table, with
-    N = T_pad * B rows, E the width, float64): ulysses 4NE(P-1)/P^2, allgather 2NE(P-1)/P."""
-    from fairseq_lightseq.modules import LSTransformerEncoderLayer
+    """Bytes one layer's self-attention sends per rank, forward and backward (§2's table, with N =
+    T_pad * B rows, E the width, float64): ulysses 4NE(P-1)/P^2, allgather 2NE(P-1)/P; the same for an
+    encoder layer and for the language model's decoder layer (causal, no cross-attention: allgather
+    gathers all keys and values, then drops those past the rank's last row)."""
+    from fairseq_lightseq.modules import LSTransformerDecoderLayer, LSTransformerEncoderLayer
     from fairseq_lightseq.sequence_parallel.collectives import bytes_sent, reset_bytes
     from fairseq_lightseq.sequence_parallel.groups import new_sequence_parallel_group
     from fairseq_lightseq.sequence_parallel.sharding import SequenceParallel
 
     E, H, B, T = 16, 4, 3, 11
+    kw = dict(dropout=0.1, attention_dropout=0.1)
     for P in sizes:
         g = new_sequence_parallel_group(P)
         for mode, expected in (("ulysses", lambda N: 4 * N * E * (P - 1) // P ** 2),
                                ("allgather", lambda N: 2 * N * E * (P - 1) // P)):
-            torch.manual_seed(0)
-            layer = LSTransformerEncoderLayer(E, H, 24, dropout=0.1, attention_dropout=0.1).double()
-            shard = SequenceParallel(g.group, P, g.rank, mode).shard(T)
-            x = torch.randn(shard.rows, B, E, dtype=torch.float64, requires_grad=True)
-            mask = torch.zeros(B, shard.padded, dtype=torch.bool)
-            reset_bytes()
-            layer(x, encoder_padding_mask=mask, shard=shard).sum().backward()
-            N = shard.padded * B
-            got = (bytes_sent("forward"), bytes_sent("backward"))
-            assert got == (8 * expected(N),) * 2, (mode, P, got, 8 * expected(N))
+            for kind in ("encoder", "lm_decoder"):
+                torch.manual_seed(0)
+                shard = SequenceParallel(g.group, P, g.rank, mode).shard(T)
+                x = torch.randn(shard.rows, B, E, dtype=torch.float64, requires_grad=True)
+                mask = torch.zeros(B, shard.padded, dtype=torch.bool)
+                reset_bytes()
+                if kind == "encoder":
+                    layer = LSTransformerEncoderLayer(E, H, 24, **kw).double()
+                    y = layer(x, encoder_padding_mask=mask, shard=shard)
+                else:
+                    layer = LSTransformerDecoderLayer(E, H, 24, no_encoder_attn=True, **kw).double()
+                    y = layer(x, None, None, None, self_attn_padding_mask=mask, causal=True, shard=shard)[0]
+                y.sum().backward()
+                N = shard.padded * B
+                got = (bytes_sent("forward"), bytes_sent("backward"))
+                assert got == (8 * expected(N),) * 2, (kind, mode, P, got, 8 * expected(N))
 
 
 @pytest.mark.parametrize("world,sizes", [(2, (2,)), (4, (4, 2))], ids=["world2_P2", "world4_P4_P2"])

@@ -48,11 +48,36 @@ def test_refused(overrides, message):
     assert message in str(e.value)
 
 
-def test_build_model_refuses_and_runs_unsharded_without_distributed():
-    task = make_task()
+def _lm(**overrides):
+    from fairseq_lightseq.models.ls_transformer_lm import LSTransformerLanguageModel
+    from support.lm import build_lm
+
+    return build_lm(LSTransformerLanguageModel, make_task(), **{"criterion": "ls_cross_entropy", **overrides})
+
+
+def _translation(**overrides):
+    return LSTransformerModel.build_model(argparse.Namespace(**TINY, **overrides), make_task())
+
+
+@pytest.mark.parametrize("build", [_translation, _lm], ids=["translation", "lm"])
+def test_build_model_refuses_and_runs_unsharded_without_distributed(build):
     with pytest.raises(ValueError, match="--sequence-parallel-size 2 must divide"):
-        LSTransformerModel.build_model(argparse.Namespace(**TINY, sequence_parallel_size=2), task)
-    # fairseq-generate on an SP checkpoint: the recorded options pass, torch.distributed is not initialised
-    model = LSTransformerModel.build_model(argparse.Namespace(**TINY, sequence_parallel_size=2,
-                                                              distributed_world_size=2), task)
-    assert model.encoder.sequence_parallel is None and model.decoder.sequence_parallel is None
+        build(sequence_parallel_size=2)
+    with pytest.raises(ValueError, match="does not support --criterion cross_entropy"):
+        build(sequence_parallel_size=2, distributed_world_size=2, criterion="cross_entropy")
+    # fairseq-generate / fairseq-eval-lm on an SP checkpoint: the recorded options pass,
+    # torch.distributed is not initialised
+    model = build(sequence_parallel_size=2, distributed_world_size=2)
+    assert all(getattr(m, "sequence_parallel", None) is None for m in (getattr(model, "encoder", None),
+                                                                          model.decoder) if m is not None)
+
+
+def test_lm_checks_the_decoder_heads_only():
+    """ulysses splits the decoder's heads; the language model has no encoder, so --encoder-attention-heads
+    (set by none of the transformer_lm archs) is not read."""
+    with pytest.raises(ValueError, match=r"needs --decoder-attention-heads \(6\) divisible by "
+                                         r"--sequence-parallel-size \(4\)"):
+        _lm(sequence_parallel_size=4, distributed_world_size=4, decoder_attention_heads=6, decoder_embed_dim=18)
+    _lm(sequence_parallel_size=4, distributed_world_size=4, decoder_attention_heads=6, decoder_embed_dim=18,
+        sequence_parallel_mode="allgather")
+    _lm(sequence_parallel_size=2, distributed_world_size=4, encoder_attention_heads=3)

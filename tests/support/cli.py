@@ -6,6 +6,8 @@ about the command's start-up time.
 * `make_corpus` / `corpus_once`: the corpus of the CLI defect reports, sentence pairs over a
   three-word vocabulary (`z x y z y`), target = source.
 Both are preprocessed with a joined dictionary.
+* `make_lm_data_bin` / `lm_train_args`: the language model's: a monolingual text preprocessed
+  --only-source; a 1-layer, width-32 ls_transformer_lm.
 """
 import os
 import random
@@ -107,6 +109,31 @@ def train_args(data_bin, save_dir, updates, stack=LS, dropout=0.0, max_tokens=40
             "--label-smoothing", "0.1", "--max-tokens", str(max_tokens), "--max-update", str(updates),
             "--seed", "1", "--num-workers", "0", "--save-dir", str(save_dir), "--log-format", "json",
             "--log-interval", "1"] + (["--cpu"] if cpu else [])
+
+
+LM_MODEL = ["--decoder-layers", "1", "--decoder-embed-dim", "32", "--decoder-ffn-embed-dim", "64",
+            "--decoder-attention-heads", "2", "--share-decoder-input-output-embed"]
+LM = ["--task", "language_modeling", "--arch", "ls_transformer_lm", "--criterion", "ls_cross_entropy",
+      "--optimizer", "ls_adam"]
+
+
+def lm_train_args(data_bin, save_dir, updates, tokens_per_sample=16, break_mode="none", max_tokens=64):
+    """fairseq-train arguments of the tiny ls_transformer_lm on `make_lm_data_bin`'s data: blocks of
+    `tokens_per_sample` tokens (--sample-break-mode `break_mode`), lr 0.005, json log every update, CPU."""
+    return [data_bin, "--user-dir", USER_DIR, *LM, *LM_MODEL, "--tokens-per-sample", str(tokens_per_sample),
+            "--sample-break-mode", break_mode, "--lr", "0.005", "--max-tokens", str(max_tokens),
+            "--max-update", str(updates), "--seed", "1", "--num-workers", "0", "--save-dir", str(save_dir),
+            "--log-format", "json", "--log-interval", "1", "--cpu"]
+
+
+def eval_lm(data_bin: str, path: str, cwd: str, *args):
+    """fairseq-eval-lm data_bin --path path (valid subset, CPU, with --user-dir); returns (base-2 loss per
+    token, log)."""
+    _, out = run(["fairseq-eval-lm", data_bin, "--path", path, "--gen-subset", "valid", "--cpu", "--user-dir",
+                  USER_DIR, "--num-workers", "0", *args], cwd)
+    m = re.search(r"Loss \(base 2\): ([0-9.]+)", out)
+    assert m, out[-3000:]
+    return float(m.group(1)), out
 
 
 def train(d: str, *args, check=True, user_dir=True):
