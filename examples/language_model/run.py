@@ -61,7 +61,10 @@ def device_args(a):
 def train_args(a, bin_dir, save_dir, side, seed):
     """fairseq-train's arguments for one side (all but the launcher)."""
     return [bin_dir, "--user-dir", USER_DIR, "--task", "language_modeling", *SIDES[side],
-            "--decoder-layers", str(a.layers), "--decoder-embed-dim", str(a.dim),
+            # --decoder-input-dim/--decoder-output-dim too: transformer_lm keeps 512 for them otherwise
+            # and projects the embeddings in and out
+            "--decoder-layers", str(a.layers), "--decoder-embed-dim", str(a.dim), "--decoder-input-dim", str(a.dim),
+            "--decoder-output-dim", str(a.dim),
             "--decoder-ffn-embed-dim", str(4 * a.dim), "--decoder-attention-heads", str(a.heads),
             "--share-decoder-input-output-embed", "--dropout", str(a.dropout),
             "--tokens-per-sample", str(a.tokens_per_sample), "--sample-break-mode", a.break_mode,
@@ -182,7 +185,7 @@ def cmd_words(a):
             records = train_records(log)
             entry = {"side": side, "seed": seed, "train_seconds": round(train_s, 1),
                      "last_train_loss": float(records[-1]["loss"]) if records else None}
-            for subset in ("valid", "test"):
+            for subset in a.eval_subsets:
                 score = eval_lm(a, bin_dir, os.path.join(save_dir, "checkpoint_last.pt"), subset)
                 c = corpus[subset]
                 if score["tokens"] != c["pieces"] + c["sentences"]:  # every piece and end of sentence scored
@@ -197,17 +200,17 @@ def cmd_words(a):
             save_results(work, results)
 
     step("5/5 results")
-    results["summary"] = words_table(results["runs"], a.sides)
+    results["summary"] = words_table(results["runs"], a.sides, a.eval_subsets)
     results["total_seconds"] = round(time.time() - t0, 1)
     save_results(work, results)
     print(f"\ntotal {results['total_seconds']:.0f}s; numbers in {os.path.join(work, 'results.json')}")
 
 
-def words_table(runs, sides):
+def words_table(runs, sides, subsets):
     """Prints perplexity (per piece and per word) per side and seed, the means, and the relative
     difference of each side's mean to the last side's; returns the means and differences."""
     summary = {}
-    for subset in ("valid", "test"):
+    for subset in subsets:
         for unit, key in (("piece", "ppl"), ("word", "word_ppl")):
             print(f"\n{subset} perplexity per {unit}")
             print(f"  {'seed':>6} " + " ".join(f"{s:>10}" for s in sides) + (
@@ -320,7 +323,7 @@ def cmd_bytes(a):
         valid = re.findall(r"\| valid \| (\{.*\})", log)
         if valid:
             entry["valid_loss_during_training"] = float(json.loads(valid[-1])["valid_loss"])
-        for subset in ("valid", "test"):
+        for subset in a.eval_subsets:
             score = eval_lm(a, bin_dir, os.path.join(save_dir, "checkpoint_last.pt"), subset,
                             extra=["--context-window", str(a.context_window)])
             if score["tokens"] != corpus[subset]["tokens"]:
@@ -333,10 +336,10 @@ def cmd_bytes(a):
         save_results(work, results)
 
     step("4/4 results")
-    print(f"\n  {'run':>10} {'train s':>8} {'valid bpb':>10} {'test bpb':>10}")
+    print(f"\n  {'run':>10} {'train s':>8} " + " ".join(f"{s + ' bpb':>10}" for s in a.eval_subsets))
     for r in results["runs"]:
-        print(f"  {r['name']:>10} {r['train_seconds']:8.0f} {r['valid']['bits_per_byte']:10.4f} "
-              f"{r['test']['bits_per_byte']:10.4f}")
+        print(f"  {r['name']:>10} {r['train_seconds']:8.0f} "
+              + " ".join(f"{r[s]['bits_per_byte']:10.4f}" for s in a.eval_subsets))
     if "ls-sp2" in logs:
         one, sp = logs["ls"], logs["ls-sp2"]
         same_batches = [r["wpb"] for r in one] == [r["wpb"] for r in sp]
@@ -366,6 +369,8 @@ def add_training_options(p, max_update, warmup, max_tokens, tokens_per_sample, l
     g.add_argument("--max-tokens", type=int, default=max_tokens)
     g.add_argument("--tokens-per-sample", type=int, default=tokens_per_sample)
     g.add_argument("--eval-max-tokens", type=int, default=8192)
+    g.add_argument("--eval-subsets", nargs="+", default=["valid", "test"], choices=["valid", "test"],
+                   help="the splits fairseq-eval-lm scores")
     g.add_argument("--log-interval", type=int, default=log_interval)
     g.add_argument("--workers", type=int, default=1, help="fairseq-preprocess workers")
     g.add_argument("--gpu", action="store_true", help="train on the GPU (default: --cpu)")
