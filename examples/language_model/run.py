@@ -50,7 +50,7 @@ SIDES = {
 
 def show_progress(line):
     """The lines of fairseq's output worth streaming: per-interval and validation records, the end."""
-    return any(k in line for k in ("| train_inner |", "| valid |", "done training", "num. model params",
+    return any(k in line for k in ("| train_inner |", "| valid |", "done training", "num. shared model params",
                                     "Loss (base 2)", "Evaluated", "Error", "error"))
 
 
