@@ -9,61 +9,28 @@ score it with sacreBLEU, print BLEU and training tokens/s.
 DIR holds {train,valid|val,test*}.{SRC,TGT}[.gz]. Uses the GPU when there is one, else the CPU.
 """
 import argparse
-import glob
-import gzip
 import os
 import re
 import shutil
-import subprocess
 import sys
 import time
 
 import torch
 
+from fairseq_lightseq.demo.pipeline import (SPLIT_NAMES, encode_file, find_split, open_text, run, step,
+                                            train_sentencepiece)
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 USER_DIR = os.path.dirname(HERE)
-
-
-def step(msg):
-    print(f"\n=== [{time.strftime('%H:%M:%S')}] {msg}", flush=True)
-
-
-def run(args, log=None):
-    """Runs a command, streaming its output (and teeing it to `log`); fails loudly."""
-    print("$ " + " ".join(args), flush=True)
-    with subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as p:
-        lines = []
-        for line in p.stdout:
-            lines.append(line)
-            if "tensorboardX" not in line:
-                sys.stdout.write(line)
-                sys.stdout.flush()
-        p.wait()
-    if log:
-        with open(log, "w") as f:
-            f.writelines(lines)
-    if p.returncode != 0:
-        sys.exit(f"command failed with exit code {p.returncode}: {' '.join(args)}")
-    return "".join(lines)
-
-
-def _find(data, split_names, lang):
-    for name in split_names:
-        for pat in (f"{name}.{lang}", f"{name}.{lang}.gz", f"{name}_*.{lang}", f"{name}_*.{lang}.gz"):
-            hits = sorted(glob.glob(os.path.join(data, pat)))
-            if hits:
-                return hits[0]
-    raise SystemExit(f"no {'/'.join(split_names)} file for language {lang} in {data}")
 
 
 def import_raw(data, raw, src, tgt):
     """Copies (and un-gzips) DIR's train/valid/test files into raw/{train,valid,test}.{src,tgt}."""
     os.makedirs(raw, exist_ok=True)
-    for split, names in (("train", ["train"]), ("valid", ["valid", "val", "dev"]), ("test", ["test"])):
+    for split, names in SPLIT_NAMES:
         for lang in (src, tgt):
-            path = _find(data, names, lang)
-            opener = gzip.open if path.endswith(".gz") else open
-            with opener(path, "rt", encoding="utf-8") as fin, open(os.path.join(raw, f"{split}.{lang}"), "w") as fout:
+            path = find_split(data, names, lang)
+            with open_text(path) as fin, open(os.path.join(raw, f"{split}.{lang}"), "w") as fout:
                 shutil.copyfileobj(fin, fout)
             print(f"  {split}.{lang} <- {path}")
 
@@ -80,8 +47,6 @@ def main():
     ap.add_argument("--native", action="store_true", help="fairseq's own transformer, criterion and adam")
     ap.add_argument("--seed", type=int, default=1)
     args = ap.parse_args()
-
-    import sentencepiece as spm
 
     t0 = time.time()
     work = os.path.abspath(args.workdir)
@@ -102,16 +67,11 @@ def main():
 
     step("2/6 sentencepiece (joint unigram model)")
     os.makedirs(spm_dir)
-    spm.SentencePieceTrainer.train(
-        input=",".join(os.path.join(raw, f"train.{l}") for l in (src, tgt)), model_prefix=os.path.join(spm_dir, "spm"),
-        vocab_size=args.vocab_size or (8000 if args.data else 256), hard_vocab_limit=False, character_coverage=1.0, model_type="unigram", bos_id=-1, eos_id=-1,
-        minloglevel=2, input_sentence_size=200000, shuffle_input_sentence=True)
-    sp = spm.SentencePieceProcessor(model_file=os.path.join(spm_dir, "spm.model"))
+    sp = train_sentencepiece([os.path.join(raw, f"train.{l}") for l in (src, tgt)], os.path.join(spm_dir, "spm"),
+                             args.vocab_size or (8000 if args.data else 256))
     for split in ("train", "valid", "test"):
         for l in (src, tgt):
-            with open(os.path.join(raw, f"{split}.{l}")) as f, open(os.path.join(spm_dir, f"{split}.{l}"), "w") as g:
-                for line in f:
-                    g.write(" ".join(sp.encode(line.strip(), out_type=str)) + "\n")
+            encode_file(sp, os.path.join(raw, f"{split}.{l}"), os.path.join(spm_dir, f"{split}.{l}"))
 
     step("3/6 fairseq-preprocess")
     py = sys.executable
