@@ -91,11 +91,7 @@ def train(a, bin_dir, save_dir, side, seed, sequence_parallel=1):
         cmd = [PY, "-m", "torch.distributed.run", "--nproc_per_node", str(sequence_parallel),
                "--master_addr", "127.0.0.1", "--master_port", str(port), "-m", "fairseq_cli.train", *args,
                "--sequence-parallel-size", str(sequence_parallel), "--distributed-backend", "gloo",
-               "--ddp-backend", "legacy_ddp",
-               # torchrun gives fairseq the world size too, but only after the model's arguments are
-               # recorded: without it the checkpoint says 1 process, and a one-process tool (eval-lm)
-               # refuses to build a model whose --sequence-parallel-size does not divide it
-               "--distributed-world-size", str(sequence_parallel)]
+               "--ddp-backend", "legacy_ddp"]
     t = time.time()
     log = run(cmd, log=os.path.join(save_dir, "train.log"), show=show_progress)
     return log, time.time() - t

@@ -6,6 +6,7 @@ same batches: the trainer's batch iterator is sharded W/P ways (shard rank // P)
 fairseq's data-parallel group stays the world, so its one gradient all-reduce sums over the SP ranks
 (each holds a partial gradient) and averages over the data-parallel shards.
 """
+import argparse
 import functools
 
 import torch.distributed as dist
@@ -84,10 +85,15 @@ def _world_size(args) -> int:
 def setup(args, task):
     """The model's SequenceParallel, or None when it runs unsharded (P == 1, or no torch.distributed:
     fairseq-generate and other single-process tools run an SP checkpoint as it is). In a distributed
-    run, creates the groups and shards the task's batch iterator W/P ways."""
+    run, creates the groups and shards the task's batch iterator W/P ways, and records the world size in
+    args (saved with the checkpoint as the model's config): under torchrun fairseq learns it from the
+    environment only after the model's arguments were recorded (--distributed-world-size 1), and a
+    one-process tool would then refuse the checkpoint (check: P must divide the number of processes)."""
     P, mode = size_and_mode(args)
     if P == 1 or not dist.is_available() or not dist.is_initialized():
         return None
+    if isinstance(args, argparse.Namespace):
+        args.distributed_world_size = dist.get_world_size()
     g = new_sequence_parallel_group(P)
     _shard_batches(task, g.num_shards, g.index)
     return SequenceParallel(g.group, P, g.rank, mode)

@@ -72,6 +72,34 @@ def test_build_model_refuses_and_runs_unsharded_without_distributed(build):
                                                                           model.decoder) if m is not None)
 
 
+def _build_as_torchrun_records(family):
+    """Builds the model in a 2-rank SP run whose namespace says 1 process (what fairseq records under
+    torchrun); returns the world size the built model's args then record."""
+    from support.lm import lm_args
+    from fairseq_lightseq.families import FAMILIES
+    from fairseq.models import MODEL_REGISTRY
+
+    if family == "lm":
+        args = lm_args("transformer_lm_gpt2_tiny", decoder_layers=1, criterion="ls_cross_entropy")
+    else:
+        args = argparse.Namespace(**TINY, decoder_embed_dim=16)
+    args.sequence_parallel_size, args.distributed_world_size = 2, 1
+    name = FAMILIES["language_model" if family == "lm" else "translation"].model
+    task = make_task()
+    task.get_batch_iterator = lambda **kwargs: None  # what setup() shards
+    MODEL_REGISTRY[name].build_model(args, task)
+    return args.distributed_world_size
+
+
+@pytest.mark.parametrize("family", ["translation", "lm"])
+def test_checkpoint_of_a_torchrun_run_records_the_world(family):
+    """A one-process tool (fairseq-eval-lm, fairseq-generate) loads the checkpoint of an SP run started
+    by torchrun: the model's recorded args name the real number of processes."""
+    from support.dist import run
+
+    assert run(_build_as_torchrun_records, 2, family) == [2, 2]
+
+
 def test_lm_checks_the_decoder_heads_only():
     """ulysses splits the decoder's heads; the language model has no encoder, so --encoder-attention-heads
     (set by none of the transformer_lm archs) is not read."""
