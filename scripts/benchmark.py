@@ -1,20 +1,33 @@
-"""Training speed, ls_transformer vs fairseq's transformer, measured at steady state on identical batches.
+"""Training speed, ls_ models vs fairseq's, measured at steady state on identical batches, per model family.
 
-    python scripts/benchmark.py                        # CPU (no GPU): base width, 2+2 layers, fp32
+    python scripts/benchmark.py                        # CPU (no GPU): translation, base width, 2+2 layers, fp32
     python scripts/benchmark.py --device cuda          # GPU: Transformer-big fp16 at 8192 tokens (~4 min)
     python scripts/benchmark.py --device cuda --sweep --precision fp16,bf16   # 4096..32768 tokens
     python scripts/benchmark.py --host-overhead        # host time per step: tiny width, big depth, 1 thread
     python scripts/benchmark.py --activation-bytes     # bytes saved for backward, base and big, 6+6
+    python scripts/benchmark.py --family lm            # the LM on CPU: transformer_lm width, 4 layers, T=512
+    python scripts/benchmark.py --family lm --device cuda   # GPU: GPT-2-small widths, bf16, T=1024 and 4096
+    python scripts/benchmark.py --family lm --host-overhead       # d=32, 12 layers, 1 thread
+    python scripts/benchmark.py --family lm --activation-bytes    # base and GPT-2-small widths, T=512 and 2048
     python scripts/benchmark.py --repo /path/to/other/checkout ...   # benchmark that tree's fairseq_lightseq
 
+Families (--family; bench_support/families.py is the one table: task, archs, the family's fairseq-train
+arguments, corpus, defaults): translation = ls_transformer vs transformer on a WMT-like corpus; lm =
+ls_transformer_lm vs transformer_lm (language_modeling, blocks of --seq-len T tokens, --sample-break-mode
+none, shared input/output embedding) on a synthetic text corpus binarized by fairseq-preprocess
+--only-source. Every mode below runs for every family; "sentence"/"target tokens" mean the LM's blocks
+and predicted tokens.
+
 Method (throughput, the default mode):
-- Data: a WMT-like synthetic corpus (1M pairs, fixed 32k dictionary; bench_support/corpus.py), made
-  once and cached under --cache-dir, or any --data-bin. For each --max-tokens, a pool of --pool batches
-  is drawn once from fairseq's own loader (get_batch_iterator, length-bucketed, shuffled with seed 1)
-  and saved; every side trains on exactly these batches.
-- Sides (bench_support/sides.py): ls = ls_transformer + ls criterion + ls_adam; fairseq = transformer +
-  label_smoothed_cross_entropy + fairseq's adam, as users run it; fairseq_fused = the same with
-  torch's fused AdamW registered by the benchmark (bench_support/fused_adamw.py).
+- Data: a synthetic corpus (translation: 1M WMT-like pairs, fixed 32k dictionary; lm: 200k lines of
+  the same words, fixed 50264-entry dictionary; bench_support/corpus.py), made once and cached under
+  --cache-dir, or any --data-bin. For each --max-tokens (lm: at each --seq-len), a pool of --pool
+  batches is drawn once from fairseq's own loader (get_batch_iterator: length-bucketed sentences or
+  the LM's token blocks, shuffled with seed 1) and saved; every side trains on exactly these batches.
+- Sides (bench_support/sides.py): ls = the ls_ model + our criterion + ls_adam; fairseq = fairseq's
+  model + its criterion (label_smoothed_cross_entropy / cross_entropy) + fairseq's adam, as users run
+  it; fairseq_fused = the same with torch's fused AdamW registered by the benchmark
+  (bench_support/fused_adamw.py).
 - Each side runs in its own process, in turns (round 1: ls, fairseq, fairseq_fused; round 2: the same
   order; ...). A process builds fairseq's Trainer, warms up --warmup steps over the pool, then times
   its share of the timed step list: the list is steps 0..--steps-1 (step k trains on pool batch
@@ -27,14 +40,17 @@ Method (throughput, the default mode):
   overflow); GPU only: activation memory (peak inside task.train_step minus the memory allocated
   before its forward, at --memory-at tokens), host-device syncs per step, GPU-busy fraction.
 
---host-overhead: d=32, FFN 64, 2 heads, 6+6 layers (Transformer-big depth, dropout 0.3), one thread,
-a 1k-word corpus and --max-tokens 512, so kernels do almost nothing and a step's time is host time:
+--host-overhead: d=32, FFN 64, 2 heads, the family's deep arch (translation: 6+6 layers, Transformer-big
+depth, dropout 0.3, --max-tokens 512; lm: 12 layers, GPT-2-small depth, dropout 0.1, 4 blocks of T=128),
+one thread, a 1k-word corpus, so kernels do almost nothing and a step's time is host time:
 median ms per step of ls vs fairseq in turns, plus torch.profiler's top ops by self CPU time with calls
 per step, against the target ls <= 0.5x fairseq.
 
 --activation-bytes: bytes autograd saves for backward in one training forward (dropout on, fp32) on
-the first batch of a --max-tokens 4096 pool, ls vs fairseq, Transformer-base and -big widths, 6+6
-layers (bench_support/saved_bytes.py says how storages are counted), against the target <= 0.6x.
+the first batch of a pool, ls vs fairseq (bench_support/saved_bytes.py says how storages are counted),
+against the target <= 0.6x: translation, --max-tokens 4096, Transformer-base and -big widths, 6+6
+layers; lm, --max-tokens 2048 at T = 512 and 2048 (4 blocks, 1 block), transformer_lm (6 layers) and
+GPT-2-small (12 layers) widths.
 """
 import argparse
 import json
@@ -49,8 +65,6 @@ from bench_support import check_args
 
 SCRIPTS = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(SCRIPTS)
-TINY_WIDTH = ["--encoder-embed-dim", "32", "--decoder-embed-dim", "32", "--encoder-ffn-embed-dim", "64",
-              "--decoder-ffn-embed-dim", "64", "--encoder-attention-heads", "2", "--decoder-attention-heads", "2"]
 HOST_TARGET, ACT_TARGET = 0.5, 0.6
 
 
@@ -93,36 +107,43 @@ def quartiles(xs):
     return q1, q2, q3
 
 
-def make_pools(a, data_bin: str, sizes, tmp: str, n_pool: int, layers, extra):
-    """{max_tokens: (path, pool)}: one pool per size from fairseq's loader (the ls side's arguments;
-    batching depends only on the data and --max-tokens)."""
+def make_pools(a, data_bin: str, shapes, tmp: str, n_pool: int, layers, extra):
+    """{label: (path, pool)}: one pool per (max_tokens, seq_len) shape from fairseq's loader (the
+    fairseq side's arguments; batching depends only on the data and the shape)."""
     import torch
 
     from bench_support.corpus import draw_pool
+    from bench_support.families import shape_label
 
     pools = {}
-    for mt in sizes:
-        args = train_args_for(a, data_bin, "fairseq", "fp32", mt, layers, extra)
+    for shape in shapes:
+        args = train_args_for(a, data_bin, "fairseq", "fp32", shape, layers, extra)
+        label = shape_label(*shape)
+        path = os.path.join(tmp, f"pool{label.replace('@', '_')}.pt")
         pool = draw_pool(args, n_pool)
-        path = os.path.join(tmp, f"pool{mt}.pt")
         torch.save(pool, path)
-        pools[mt] = (path, pool)
+        pools[label] = (path, pool)
     return pools
 
 
-def train_args_for(a, data_bin, side, precision, max_tokens, layers, extra):
-    from bench_support.sides import ARCHS, train_args
-    return train_args(data_bin, a.repo, side, ARCHS[a.arch_size], a.device, precision, max_tokens, layers, extra)
+def train_args_for(a, data_bin, side, precision, shape, layers, extra):
+    from bench_support.sides import train_args
+    return train_args(a.fam, data_bin, a.repo, side, a.arch_size, a.device, precision, shape, layers, extra)
 
 
-def data_bin_for(a, n_pairs: int, vocab: int) -> str:
+def trainer_shape(shapes):
+    """The shape a side's Trainer is built with: the pools hand it their batches, so only the longest
+    block (the LM's --tokens-per-sample, hence its positions) matters."""
+    lens = [t for _, t in shapes if t is not None]
+    return shapes[0][0], max(lens) if lens else None
+
+
+def data_bin_for(a, n: int, vocab: int) -> str:
     if a.data_bin:
         return a.data_bin
-    from bench_support.corpus import synthetic_data_bin
-
     t0 = time.perf_counter()
-    d = synthetic_data_bin(a.cache_dir, n_pairs, vocab)
-    print(f"data-bin: {d} ({n_pairs} synthetic pairs, {vocab}-entry dictionary; "
+    d = a.fam.data_bin(a.cache_dir, n, vocab)
+    print(f"data-bin: {d} ({n} synthetic {'lines' if a.fam.seq_len else 'pairs'}, {vocab}-entry dictionary; "
           f"{time.perf_counter() - t0:.0f} s incl. cache check)", flush=True)
     return d
 
@@ -183,36 +204,42 @@ def fmt(x, spec, na="n/a"):
 
 def throughput(a) -> dict:
     from bench_support.corpus import pad_fraction
+    from bench_support.families import shape_label, shapes
     from bench_support.flops import batch_flops, device_peak_tflops
 
     cuda = a.device == "cuda"
-    sizes = [4096, 8192, 16384, 32768] if a.sweep else a.max_tokens
-    memory_at = [m for m in a.memory_at if cuda]
-    extra_mem = [m for m in memory_at if m not in sizes]  # memory-only pools: a few untimed steps
-    data_bin = data_bin_for(a, a.corpus_pairs, a.vocab)
+    timed = shapes(a.fam, a.max_tokens, a.seq_len)
+    labels = [shape_label(*sh) for sh in timed]
+    mem_shapes = shapes(a.fam, a.memory_at, a.seq_len) if cuda else []
+    memory_at = [shape_label(*sh) for sh in mem_shapes]
+    extra_mem = [sh for sh in mem_shapes if sh not in timed]  # memory-only pools: a few untimed steps
+    data_bin = data_bin_for(a, a.corpus_size, a.vocab)
     tmp = tempfile.TemporaryDirectory(prefix="fls_bench_")
     extra = a.extra.split()
-    pools = make_pools(a, data_bin, sorted(set(sizes) | set(extra_mem)), tmp.name, a.pool, a.layers, extra)
+    pools = make_pools(a, data_bin, timed + extra_mem, tmp.name, a.pool, a.layers, extra)
     parts = step_split(a.steps, a.rounds)
-    print(f"device {a.device}; {a.arch_size} ({'arch layers' if not a.layers else f'{a.layers}+{a.layers} layers'})"
+    print(f"family {a.family}; device {a.device}; {a.arch_size} ({a.fam.archs[a.arch_size]}; "
+          f"{'arch layers' if not a.layers else f'{a.layers} layers per stack'})"
           f"{'; extra: ' + a.extra if a.extra else ''}; sides {', '.join(a.sides)}; pool {a.pool} batches per "
-          f"size; warm-up {a.warmup} steps; {a.steps} timed steps per side in {a.rounds} rounds of "
+          f"shape; warm-up {a.warmup} steps; {a.steps} timed steps per side in {a.rounds} rounds of "
           f"{', '.join(str(e - s) for s, e in parts)}; repo {a.repo}", flush=True)
-    results = {"mode": "throughput", "device": a.device, "arch_size": a.arch_size, "layers": a.layers,
-               "extra": a.extra, "pool": a.pool, "warmup": a.warmup, "steps": a.steps, "rounds": a.rounds,
-               "sides": a.sides, "data_bin": data_bin, "repo": a.repo, "precisions": {}}
+    results = {"mode": "throughput", "family": a.family, "device": a.device, "arch_size": a.arch_size,
+               "layers": a.layers, "extra": a.extra, "pool": a.pool, "warmup": a.warmup, "steps": a.steps,
+               "rounds": a.rounds, "sides": a.sides, "data_bin": data_bin, "repo": a.repo, "precisions": {}}
+    busy_at = "8192" if "8192" in labels else labels[0]
     for prec in a.precision:
         def spec_for(side, r, prec=prec):
             lo, hi = parts[r]
-            pl = [[mt, pools[mt][0]] for mt in sizes]
-            spec = {"args": train_args_for(a, data_bin, side, prec, sizes[0], a.layers, extra),
+            last = r == a.rounds - 1
+            pl = [{"label": lb, "path": pools[lb][0]} for lb in labels]
+            if last:  # memory-only pools: 3 warm-up steps, none timed
+                pl += [{"label": shape_label(*sh), "path": pools[shape_label(*sh)][0], "warmup": 3, "steps": 0}
+                       for sh in extra_mem]
+            return {"args": train_args_for(a, data_bin, side, prec, trainer_shape(timed + extra_mem), a.layers,
+                                           extra),
                     "pools": pl, "warmup": a.warmup, "steps": hi - lo, "first_step": lo,
-                    "memory_at": memory_at, "syncs": cuda and r == a.rounds - 1 and not a.no_syncs,
-                    "busy_at": (8192 if 8192 in sizes else sizes[0]) if cuda and r == a.rounds - 1 else None,
-                    "threads": a.threads}
-            if r == a.rounds - 1:
-                spec["pools"] = pl + [[mt, pools[mt][0], 3, 0] for mt in extra_mem]  # 3 warm-up steps, untimed
-            return spec
+                    "memory_at": memory_at, "syncs": cuda and last and not a.no_syncs,
+                    "busy_at": busy_at if cuda and last else None, "threads": a.threads}
 
         print(f"[{prec}]", flush=True)
         runs = timed_rounds(a, a.sides, spec_for, a.rounds, a.threads)
@@ -220,16 +247,17 @@ def throughput(a) -> dict:
         shape = first["model"]
         peak = device_peak_tflops(first["device"], prec, a.peak_tflops)
         rows = {}
-        for mt in sizes:
-            pool = pools[mt][1]
-            rows[str(mt)] = {"pad_fraction": pad_fraction(pool),
-                             **summarize(a.sides, runs, pool, a.steps, str(mt), lambda b: batch_flops(b, shape), peak)}
-        for mt in extra_mem:
-            rows[str(mt)] = {"memory_only": True, "sides": {
-                s: {"memory": runs[s][-1]["pools"][str(mt)].get("memory")} for s in a.sides}}
+        for lb in labels:
+            pool = pools[lb][1]
+            rows[lb] = {"pad_fraction": pad_fraction(pool),
+                        **summarize(a.sides, runs, pool, a.steps, lb, lambda b: batch_flops(b, shape), peak)}
+        for sh in extra_mem:
+            lb = shape_label(*sh)
+            rows[lb] = {"memory_only": True, "sides": {
+                s: {"memory": runs[s][-1]["pools"][lb].get("memory")} for s in a.sides}}
         results["precisions"][prec] = {"device_name": first["device"], "peak_tflops": peak,
                                        "num_params": first["num_params"], "model": shape,
-                                       "threads": first["threads"], "max_tokens": rows}
+                                       "threads": first["threads"], "shapes": rows}
         print_throughput(prec, results["precisions"][prec], a.sides)
     return results
 
@@ -238,40 +266,40 @@ def print_throughput(prec, res, sides):
     print(f"[{prec}] {res['device_name']}, {res['num_params'] / 1e6:.1f}M params, peak "
           f"{fmt(res['peak_tflops'], '.0f')} TFLOP/s, {res['threads']} threads", flush=True)
     print("torch optimizer classes: " + ", ".join(
-        f"{s} {next(iter(res['max_tokens'].values()))['sides'][s].get('optimizer_class')}" for s in sides), flush=True)
-    hdr = (f"{'max-tok':>8} {'side':<14}{'tgt tok/s':>11}{'med ms':>9}{'TFLOP/s':>9}{'MFU':>7}"
+        f"{s} {next(iter(res['shapes'].values()))['sides'][s].get('optimizer_class')}" for s in sides), flush=True)
+    hdr = (f"{'tokens@T':>10} {'side':<14}{'tgt tok/s':>11}{'med ms':>9}{'TFLOP/s':>9}{'MFU':>7}"
            f"{'ls speedup':>11}{'per-step median [IQR]':>24}{'skip':>5}  per-round tok/s")
     print(hdr, flush=True)
-    for mt, row in res["max_tokens"].items():
+    for mt, row in res["shapes"].items():
         if row.get("memory_only"):
             continue
         for s in sides:
             r = row["sides"][s]
             sp = r.get("ls_speedup_per_step")
             per_step = f"{sp['median']:.2f} [{sp['q1']:.2f}, {sp['q3']:.2f}]" if sp else ""
-            print(f"{mt:>8} {s:<14}{r['tgt_tokens_per_s']:>11.0f}{r['median_ms']:>9.1f}"
+            print(f"{mt:>10} {s:<14}{r['tgt_tokens_per_s']:>11.0f}{r['median_ms']:>9.1f}"
                   f"{r['tflops_per_s']:>9.3f}{fmt(r['mfu'], '.1%'):>7}"
                   f"{fmt(r.get('ls_speedup_sum'), '.2f', ''):>10}{'x' if sp else ' '}{per_step:>24}"
                   f"{r['skipped']:>5}  {', '.join(f'{x:.0f}' for x in r['per_round_tokens_per_s'])}",
                   flush=True)
         pf = row["pad_fraction"]
-        print(f"{mt:>8} pad fraction: src {pf['src']:.3f}, tgt {pf['tgt']:.3f}, all {pf['all']:.3f}", flush=True)
-    for mt, row in res["max_tokens"].items():
+        print(f"{mt:>10} pad fraction: src {pf['src']:.3f}, tgt {pf['tgt']:.3f}, all {pf['all']:.3f}", flush=True)
+    for mt, row in res["shapes"].items():
         for s in sides:
             r = row["sides"][s]
             if r.get("memory"):
                 m = r["memory"]
-                print(f"{mt:>8} {s:<14} activation memory {m['activations'] / 2**20:.0f} MiB (peak in "
+                print(f"{mt:>10} {s:<14} activation memory {m['activations'] / 2**20:.0f} MiB (peak in "
                       f"task.train_step {m['in_step'] / 2**20:.0f} MiB above the {m['static'] / 2**20:.0f} MiB "
                       f"allocated before forward; gradients {m['grad_bytes'] / 2**20:.0f} MiB "
                       f"{'already allocated' if m['grads_allocated_before'] else 'subtracted'})", flush=True)
             if r.get("syncs"):
                 y = r["syncs"]
-                print(f"{mt:>8} {s:<14} syncs per step: {y['train_step_total']} in Trainer.train_step, "
+                print(f"{mt:>10} {s:<14} syncs per step: {y['train_step_total']} in Trainer.train_step, "
                       f"{y['model_criterion_fwd_bwd']} in forward+backward, {y['optimizer_step']} in the "
                       f"optimizer step", flush=True)
             if r.get("busy_fraction") is not None:
-                print(f"{mt:>8} {s:<14} GPU busy {100 * r['busy_fraction']:.1f}% of a 5-step profiler trace",
+                print(f"{mt:>10} {s:<14} GPU busy {100 * r['busy_fraction']:.1f}% of a 5-step profiler trace",
                       flush=True)
 
 
@@ -279,25 +307,29 @@ def host_overhead(a) -> dict:
     if "ls" not in a.sides or len(a.sides) < 2:
         raise SystemExit(f"--host-overhead compares ls with a baseline: --sides must name ls and fairseq or "
                          f"fairseq_fused, got {','.join(a.sides)}")
-    a.arch_size, a.device = "big", "cpu"
+    from bench_support.families import shape_label, shapes, tiny_width_args
+
+    a.device = "cpu"
     data_bin = data_bin_for(a, a.host_pairs, a.host_vocab)
     tmp = tempfile.TemporaryDirectory(prefix="fls_bench_host_")
-    extra = TINY_WIDTH + a.extra.split()
-    mt = a.max_tokens[0]
-    pools = make_pools(a, data_bin, [mt], tmp.name, a.pool, None, extra)
+    extra = tiny_width_args(a.fam) + a.extra.split()
+    shape = shapes(a.fam, a.max_tokens[:1], a.seq_len[:1])[0]
+    label = shape_label(*shape)
+    pools = make_pools(a, data_bin, [shape], tmp.name, a.pool, None, extra)
     parts = step_split(a.steps, a.rounds)
-    print(f"host overhead: {a.arch_size} depth (6+6), d=32, FFN 64, 2 heads, max-tokens {mt}, fp32, 1 thread; "
-          f"pool {a.pool}; warm-up {a.warmup}; {a.steps} timed steps per side in {a.rounds} rounds; "
-          f"repo {a.repo}", flush=True)
+    print(f"host overhead: family {a.family}, {a.fam.archs[a.arch_size]} depth, d=32, FFN 64, 2 heads, batches "
+          f"{label} (max-tokens[@T]), fp32, 1 thread; pool {a.pool}; warm-up {a.warmup}; {a.steps} timed steps "
+          f"per side in {a.rounds} rounds; repo {a.repo}", flush=True)
 
     def spec_for(side, r):
         lo, hi = parts[r]
-        return {"args": train_args_for(a, data_bin, side, "fp32", mt, None, extra),
-                "pools": [[mt, pools[mt][0]]], "warmup": a.warmup, "steps": hi - lo, "threads": 1,
-                "first_step": lo, "ops_steps": a.ops_steps if r == a.rounds - 1 else 0, "ops_top": a.ops_top}
+        return {"args": train_args_for(a, data_bin, side, "fp32", shape, None, extra),
+                "pools": [{"label": label, "path": pools[label][0]}], "warmup": a.warmup, "steps": hi - lo,
+                "threads": 1, "first_step": lo, "ops_steps": a.ops_steps if r == a.rounds - 1 else 0,
+                "ops_top": a.ops_top}
 
     runs = timed_rounds(a, a.sides, spec_for, a.rounds, 1)
-    summary = summarize(a.sides, runs, pools[mt][1], a.steps, str(mt))
+    summary = summarize(a.sides, runs, pools[label][1], a.steps, label)
     rows = summary["sides"]
     base = "fairseq" if "fairseq" in a.sides else a.sides[-1]
     ratio = rows["ls"]["median_ms"] / rows[base]["median_ms"]
@@ -321,39 +353,44 @@ def host_overhead(a) -> dict:
             for e in o[key]:
                 print(f"   {e['name'][:60]:<60}{e['self_cpu_ms_per_step']:>9.2f} ms{e['calls_per_step']:>8.0f} calls",
                       flush=True)
-    return {"mode": "host_overhead", "max_tokens": mt, "data_bin": data_bin, "repo": a.repo, "steps": a.steps,
-            "warmup": a.warmup, "rounds": a.rounds, "ls_over_base": ratio, "base": base, "target": HOST_TARGET,
-            **summary}
+    return {"mode": "host_overhead", "family": a.family, "shape": label, "data_bin": data_bin, "repo": a.repo,
+            "steps": a.steps, "warmup": a.warmup, "rounds": a.rounds, "ls_over_base": ratio, "base": base,
+            "target": HOST_TARGET, **summary}
 
 
 def activation_bytes(a) -> dict:
+    from bench_support.families import shape_label, shapes
+
     a.device = "cpu"
-    data_bin = data_bin_for(a, a.corpus_pairs, a.vocab)
+    data_bin = data_bin_for(a, a.corpus_size, a.vocab)
     tmp = tempfile.TemporaryDirectory(prefix="fls_bench_act_")
-    mt = a.max_tokens[0]
     extra = a.extra.split()
-    out = {"mode": "activation_bytes", "max_tokens": mt, "data_bin": data_bin, "repo": a.repo,
-           "ls_attention": a.ls_attention, "sizes": {}}
-    print(f"{'width':<6}{'side':<10}{'saved MiB':>11}{'storages':>10}{'ctx-attr MiB':>14}{'batch':>12}", flush=True)
+    out = {"mode": "activation_bytes", "family": a.family, "data_bin": data_bin, "repo": a.repo,
+           "ls_attention": a.ls_attention, "layers": a.layers, "sizes": {}}
+    print(f"{'width':<11}{'tokens@T':>11} {'side':<10}{'saved MiB':>11}{'storages':>10}{'ctx-attr MiB':>14}"
+          f"{'batch':>12}", flush=True)
     for size in a.act_sizes:
         a.arch_size = size
-        pool_path = make_pools(a, data_bin, [mt], tmp.name, 1, a.layers, extra)[mt][0]
-        row = {}
-        for side in ("ls", "fairseq"):
-            args = train_args_for(a, data_bin, side, "fp32", mt, a.layers, extra)
-            row[side] = run_child("act", {"args": args, "pool": pool_path, "ls_attention": a.ls_attention},
-                                  a.repo, a.threads)
-            r = row[side]
-            print(f"{size:<6}{side:<10}{r['bytes'] / 2**20:>11.1f}{r['storages']:>10}"
-                  f"{r['from_ctx_attributes'] / 2**20:>14.1f}{'x'.join(map(str, r['batch'])):>12}", flush=True)
-        for side in ("ls", "fairseq"):
-            print(f"      largest {side} groups: " + "; ".join(
-                f"{k} x{c}: {n / 2**20:.0f} MiB" for n, c, k in row[side]["largest"][:6]), flush=True)
-        row["ratio"] = row["ls"]["bytes"] / row["fairseq"]["bytes"]
-        print(f"{size:<6}ls / fairseq {row['ratio']:.2f}x (target <= {ACT_TARGET}x: "
-              f"{'met' if row['ratio'] <= ACT_TARGET else 'NOT met'}); {row['ls']['src_tokens']} source + "
-              f"{row['ls']['tgt_tokens']} target tokens", flush=True)
-        out["sizes"][size] = row
+        out["sizes"][size] = {}
+        for shape in shapes(a.fam, a.max_tokens, a.seq_len):
+            label = shape_label(*shape)
+            pool_path = make_pools(a, data_bin, [shape], tmp.name, 1, a.layers, extra)[label][0]
+            row = {}
+            for side in ("ls", "fairseq"):
+                args = train_args_for(a, data_bin, side, "fp32", shape, a.layers, extra)
+                row[side] = run_child("act", {"args": args, "pool": pool_path, "ls_attention": a.ls_attention},
+                                      a.repo, a.threads)
+                r = row[side]
+                print(f"{size:<11}{label:>11} {side:<10}{r['bytes'] / 2**20:>11.1f}{r['storages']:>10}"
+                      f"{r['from_ctx_attributes'] / 2**20:>14.1f}{'x'.join(map(str, r['batch'])):>12}", flush=True)
+            for side in ("ls", "fairseq"):
+                print(f"      largest {side} groups: " + "; ".join(
+                    f"{k} x{c}: {n / 2**20:.0f} MiB" for n, c, k in row[side]["largest"][:6]), flush=True)
+            row["ratio"] = row["ls"]["bytes"] / row["fairseq"]["bytes"]
+            print(f"{size:<11}{label:>11} ls / fairseq {row['ratio']:.2f}x (target <= {ACT_TARGET}x: "
+                  f"{'met' if row['ratio'] <= ACT_TARGET else 'NOT met'}); {row['ls']['src_tokens']} source + "
+                  f"{row['ls']['tgt_tokens']} target tokens", flush=True)
+            out["sizes"][size][label] = row
     return out
 
 
@@ -376,23 +413,38 @@ def parse_args(argv=None):
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     ints = lambda s: [int(x) for x in s.split(",")]  # noqa: E731
     strs = lambda s: s.split(",")  # noqa: E731
+    from bench_support.families import FAMILIES
+
+    p.add_argument("--family", choices=list(FAMILIES), default="translation",
+                   help="the model family (bench_support/families.py; default: %(default)s)")
     p.add_argument("--host-overhead", action="store_true", help="the host-time mode (see below)")
     p.add_argument("--activation-bytes", action="store_true", help="the saved-bytes mode (see below)")
     p.add_argument("--repo", default=ROOT, help="the checkout whose fairseq_lightseq is benchmarked "
                    "(default: the one holding this script)")
     p.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda if available, else cpu")
-    p.add_argument("--data-bin", help="any fairseq translation data-bin with a joined dictionary "
-                   "(default: the synthetic WMT-like corpus)")
+    p.add_argument("--data-bin", help="any fairseq data-bin of the family's task (translation: a joined "
+                   "dictionary; lm: one dict.txt) (default: the family's synthetic corpus)")
     p.add_argument("--cache-dir", default=os.path.join(tempfile.gettempdir(), "fls_bench_cache"),
                    help="where the synthetic corpus is made once and reused (default: %(default)s)")
-    p.add_argument("--corpus-pairs", type=int, default=1_000_000, help="synthetic corpus size (pairs)")
-    p.add_argument("--vocab", type=int, default=32000, help="synthetic dictionary size incl. specials")
-    p.add_argument("--arch-size", choices=["base", "big"], help="default: base on CPU, big on CUDA")
-    p.add_argument("--layers", type=int, help="encoder and decoder layers (default: 2 on CPU, the arch's on CUDA)")
-    p.add_argument("--precision", type=strs, help="comma list of fp32,fp16,bf16 (default: fp32 on CPU, fp16 on CUDA)")
-    p.add_argument("--max-tokens", type=ints, help="comma list (default: 1024 on CPU, 8192 on CUDA; "
-                   "--host-overhead 512; --activation-bytes 4096)")
-    p.add_argument("--sweep", action="store_true", help="--max-tokens 4096,8192,16384,32768")
+    p.add_argument("--corpus-size", "--corpus-pairs", type=int, dest="corpus_size",
+                   help="synthetic corpus size: sentence pairs (translation, default 1M) or lines (lm, default 200k)")
+    p.add_argument("--vocab", type=int, help="synthetic dictionary size incl. specials (default: 32000 "
+                   "translation, 50264 lm)")
+    p.add_argument("--arch-size", choices=sorted({k for f in FAMILIES.values() for k in f.archs}),
+                   help="translation: base | big (default: base on CPU, big on CUDA); lm: base (transformer_lm) | "
+                        "gpt2_small (transformer_lm_gpt: d 768, 12 layers) (default: base on CPU, gpt2_small on CUDA)")
+    p.add_argument("--layers", type=int, help="layers per stack (default on CPU: 2+2 translation, 4 lm; the "
+                   "arch's on CUDA and for --host-overhead / --activation-bytes)")
+    p.add_argument("--precision", type=strs, help="comma list of fp32,fp16,bf16 (default: fp32 on CPU; fp16 "
+                   "translation, bf16 lm on CUDA)")
+    p.add_argument("--max-tokens", type=ints, help="comma list (translation: 1024 on CPU, 8192 on CUDA, "
+                   "--host-overhead 512, --activation-bytes 4096; lm: 1024 on CPU, 16384 on CUDA, "
+                   "--host-overhead 512, --activation-bytes 2048)")
+    p.add_argument("--seq-len", type=ints, help="lm: comma list of block lengths T (--tokens-per-sample), each "
+                   "timed at every --max-tokens (default: 512 on CPU, 1024,4096 on CUDA, --host-overhead 128, "
+                   "--activation-bytes 512,2048)")
+    p.add_argument("--sweep", action="store_true", help="CUDA: --max-tokens 4096,8192,16384,32768 "
+                   "(lm: 8192,16384,32768)")
     p.add_argument("--pool", type=int, default=100, help="batches per pool (default: %(default)s)")
     p.add_argument("--warmup", type=int, help="untimed steps over the pool per process (default: 50 on CUDA, "
                    "5 on CPU, 20 for --host-overhead)")
@@ -401,8 +453,8 @@ def parse_args(argv=None):
                    "(default: 2 on CUDA, 4 on CPU, 3 for --host-overhead)")
     p.add_argument("--sides", type=strs, help="comma list of ls,fairseq,fairseq_fused (default: all three; "
                    "--host-overhead: ls,fairseq)")
-    p.add_argument("--memory-at", type=ints, default=[8192, 32768], help="CUDA: max-tokens at which to "
-                   "measure activation memory (default: %(default)s)")
+    p.add_argument("--memory-at", type=ints, help="CUDA: max-tokens at which to measure activation memory "
+                   "(lm: at every --seq-len) (default: 8192,32768 translation, 16384 lm)")
     p.add_argument("--no-syncs", action="store_true", help="CUDA: skip counting host-device syncs")
     p.add_argument("--peak-tflops", type=float, help="device peak for MFU when not in the table (or on CPU)")
     p.add_argument("--threads", type=int, help="torch threads in the children (default: torch's)")
@@ -411,7 +463,8 @@ def parse_args(argv=None):
     p.add_argument("--host-vocab", type=int, default=1000, help="--host-overhead dictionary size")
     p.add_argument("--ops-steps", type=int, default=20, help="--host-overhead: profiled steps")
     p.add_argument("--ops-top", type=int, default=15, help="--host-overhead: ops listed per side")
-    p.add_argument("--act-sizes", type=strs, default=["base", "big"], help="--activation-bytes widths")
+    p.add_argument("--act-sizes", type=strs, help="--activation-bytes widths (default: base,big translation, "
+                   "base,gpt2_small lm)")
     p.add_argument("--ls-attention", choices=["auto", "sdpa"], default="auto",
                    help="--activation-bytes: ls attention path; sdpa = the GPU's (torch's fused attention, "
                         "as fairseq's side runs it on the CPU too), auto = the device's (explicit on CPU)")
@@ -429,11 +482,25 @@ def parse_args(argv=None):
         a.device = "cuda" if torch.cuda.is_available() else "cpu"
     cpu = a.device == "cpu"
     host = a.host_overhead
-    a.arch_size = a.arch_size or ("base" if cpu else "big")
-    if a.layers is None and cpu and not host and not a.activation_bytes:
-        a.layers = 2
-    a.precision = a.precision or (["fp32"] if cpu else ["fp16"])
-    a.max_tokens = a.max_tokens or ([512] if host else [4096] if a.activation_bytes else [1024] if cpu else [8192])
+    a.fam = fam = FAMILIES[a.family]
+    d = fam.defaults["host" if host else "act" if a.activation_bytes else a.device]
+    if a.arch_size is None or host:  # --host-overhead: always the family's deep arch, at the tiny width
+        a.arch_size = d["arch_size"] if "arch_size" in d else next(iter(fam.archs))
+    if a.arch_size not in fam.archs:
+        p.error(f"--arch-size {a.arch_size}: family {a.family} has {', '.join(fam.archs)}")
+    a.act_sizes = a.act_sizes or fam.defaults["act"]["sizes"]
+    if a.activation_bytes and any(x not in fam.archs for x in a.act_sizes):
+        p.error(f"--act-sizes {','.join(a.act_sizes)}: family {a.family} has {', '.join(fam.archs)}")
+    if a.layers is None and not host:
+        a.layers = d["layers"]
+    if a.seq_len and not fam.seq_len:
+        p.error(f"--seq-len: family {a.family} batches sentences by --max-tokens only")
+    a.seq_len = a.seq_len or d.get("seq_len", [None])
+    a.corpus_size = a.corpus_size or fam.defaults["corpus"]
+    a.vocab = a.vocab or fam.defaults["vocab"]
+    a.precision = a.precision or fam.defaults[a.device]["precision"]
+    a.max_tokens = fam.defaults["cuda"]["sweep"] if a.sweep else a.max_tokens or d["max_tokens"]
+    a.memory_at = a.memory_at or fam.defaults["cuda"]["memory_at"]
     a.warmup = a.warmup if a.warmup is not None else (20 if host else 5 if cpu else 50)
     a.steps = a.steps or (150 if host else 100)
     a.rounds = a.rounds or (3 if host else 4 if cpu else 2)

@@ -1,17 +1,29 @@
-"""A WMT-like synthetic data-bin written directly in fairseq's mmap format, cached; and the fixed pool
-of batches drawn from fairseq's own loader.
+"""Synthetic data-bins, cached: a WMT-like translation corpus written directly in fairseq's mmap
+format, and a language-model corpus of the same words binarized by fairseq-preprocess; and the fixed
+pool of batches drawn from fairseq's own loader (any task: translation's sentence buckets, the LM's
+blocks of --tokens-per-sample tokens).
 
 The corpus: `n_pairs` sentence pairs of word ids with Zipf-like frequencies (p(rank) ~ 1/(rank+10)),
 source lengths log-normal around 24 words (sigma 0.5, clipped to [1, 200]; mean about 27 as WMT'14
 en-de after BPE), target length = source length x lognormal(0, 0.1), each sentence ending in </s> as
 fairseq's binarizer writes it. One dictionary of `vocab` entries (fairseq's 4 specials + words) serves
 both languages (--share-all-embeddings). Written with numpy and fairseq's own index writer: a 1M-pair
-corpus takes seconds, where fairseq-preprocess would take many minutes.
+corpus takes seconds, where fairseq-preprocess would take many minutes. The LM corpus
+(synthetic_lm_data_bin) is smaller (200k lines, ~5.4M tokens, by default) and goes through
+fairseq-preprocess --only-source as users prepare one.
 """
 import os
 import shutil
 
 import numpy as np
+
+
+def _draw_words(sizes: np.ndarray, cum: np.ndarray, rng):
+    """Chunks of (word indices 0.., sentence sizes): sum(sizes) indices drawn from cum (chunks keep the
+    float draws small)."""
+    for lo in range(0, len(sizes), 100_000):
+        n = sizes[lo:lo + 100_000]
+        yield np.searchsorted(cum, rng.random(int(n.sum())) * cum[-1]), n
 
 
 def _write_split(prefix: str, lengths: np.ndarray, cum: np.ndarray, rng) -> None:
@@ -20,43 +32,95 @@ def _write_split(prefix: str, lengths: np.ndarray, cum: np.ndarray, rng) -> None
 
     sizes = (lengths + 1).astype(np.int64)
     with open(prefix + ".bin", "wb") as f:
-        for lo in range(0, len(lengths), 100_000):  # chunks keep the float draws small
-            n = sizes[lo:lo + 100_000]
-            ids = (4 + np.searchsorted(cum, rng.random(int(n.sum())) * cum[-1])).astype(np.uint16)
-            ends = np.cumsum(n) - 1
-            ids[ends] = 2  # </s>
+        for words, n in _draw_words(sizes, cum, rng):
+            ids = (4 + words).astype(np.uint16)
+            ids[np.cumsum(n) - 1] = 2  # </s>
             f.write(ids.tobytes())
     with MMapIndexedDataset.Index.writer(prefix + ".idx", np.uint16) as w:
         w.write(sizes.tolist())
 
 
-def synthetic_data_bin(cache_dir: str, n_pairs: int, vocab: int = 32000, seed: int = 0) -> str:
-    """Path of the cached data-bin (made on first use; a half-written one is never reused)."""
+def _zipf(vocab: int):
+    """(p, cum) of the corpus' words: p(rank) ~ 1/(rank+10) over the vocab - 4 non-special entries."""
     if vocab > 65000 or vocab < 8:
         raise ValueError(f"--vocab {vocab}: must be in [8, 65000] (uint16 token ids)")
-    d = os.path.join(os.path.abspath(cache_dir), f"wmtlike-{n_pairs}pairs-{vocab}vocab-seed{seed}")
+    p = 1.0 / (np.arange(vocab - 4) + 10.0)
+    return p, np.cumsum(p)
+
+
+def _write_dict(path: str, p: np.ndarray, cum: np.ndarray) -> None:
+    with open(path, "w") as f:
+        f.writelines(f"w{i} {int(1e9 * p[i] / cum[-1]) + 1}\n" for i in range(len(p)))
+
+
+def _lengths(rng, n: int) -> np.ndarray:
+    """Sentence lengths in words: log-normal around 24 (sigma 0.5), clipped to [1, 200]."""
+    return np.clip(rng.lognormal(np.log(24), 0.5, n), 1, 200)
+
+
+def _cached(cache_dir: str, name: str, make) -> str:
+    """cache_dir/name, made by make(tmp_dir) on first use; a half-written one is never reused."""
+    d = os.path.join(os.path.abspath(cache_dir), name)
     if os.path.exists(os.path.join(d, "complete")):
         return d
     tmp = f"{d}.tmp{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     os.makedirs(tmp)
-    rng = np.random.default_rng(seed)
-    words = vocab - 4
-    p = 1.0 / (np.arange(words) + 10.0)
-    cum = np.cumsum(p)
-    with open(os.path.join(tmp, "dict.src.txt"), "w") as f:
-        f.writelines(f"w{i} {int(1e9 * p[i] / cum[-1]) + 1}\n" for i in range(words))
-    shutil.copy(os.path.join(tmp, "dict.src.txt"), os.path.join(tmp, "dict.tgt.txt"))
-    for split, n in (("train", n_pairs), ("valid", 200)):
-        src = np.clip(rng.lognormal(np.log(24), 0.5, n), 1, 200)
-        tgt = np.clip((src * rng.lognormal(0.0, 0.1, n)).astype(np.int64), 1, 200)
-        src = src.astype(np.int64)
-        for lang, lengths in (("src", src), ("tgt", tgt)):
-            _write_split(os.path.join(tmp, f"{split}.src-tgt.{lang}"), lengths, cum, rng)
+    make(tmp)
     open(os.path.join(tmp, "complete"), "w").close()
     shutil.rmtree(d, ignore_errors=True)
     os.replace(tmp, d)
     return d
+
+
+def synthetic_data_bin(cache_dir: str, n_pairs: int, vocab: int = 32000, seed: int = 0) -> str:
+    """Path of the cached translation data-bin (made on first use)."""
+    p, cum = _zipf(vocab)
+
+    def make(tmp):
+        rng = np.random.default_rng(seed)
+        _write_dict(os.path.join(tmp, "dict.src.txt"), p, cum)
+        shutil.copy(os.path.join(tmp, "dict.src.txt"), os.path.join(tmp, "dict.tgt.txt"))
+        for split, n in (("train", n_pairs), ("valid", 200)):
+            src = _lengths(rng, n)
+            tgt = np.clip((src * rng.lognormal(0.0, 0.1, n)).astype(np.int64), 1, 200)
+            src = src.astype(np.int64)
+            for lang, lengths in (("src", src), ("tgt", tgt)):
+                _write_split(os.path.join(tmp, f"{split}.src-tgt.{lang}"), lengths, cum, rng)
+
+    return _cached(cache_dir, f"wmtlike-{n_pairs}pairs-{vocab}vocab-seed{seed}", make)
+
+
+def synthetic_lm_data_bin(cache_dir: str, n_lines: int, vocab: int = 50264, seed: int = 0) -> str:
+    """Path of the cached language-model data-bin (made on first use): n_lines lines of the same
+    Zipf-like words and sentence lengths as the translation corpus' source side, written as text and
+    binarized by fairseq-preprocess --only-source with the fixed dictionary (--srcdict), as a user
+    prepares an LM corpus; about 27 tokens a line (the line's </s> included)."""
+    import subprocess
+    import sys
+
+    p, cum = _zipf(vocab)
+
+    def make(tmp):
+        rng = np.random.default_rng(seed)
+        names = np.array([f"w{i}" for i in range(len(p))])
+        _write_dict(os.path.join(tmp, "dict.txt"), p, cum)
+        for split, n in (("train", n_lines), ("valid", 200)):
+            with open(os.path.join(tmp, f"{split}.txt"), "w") as f:
+                for words, sizes in _draw_words(_lengths(rng, n).astype(np.int64), cum, rng):
+                    lines = np.split(names[words], np.cumsum(sizes)[:-1])
+                    f.writelines(" ".join(line) + "\n" for line in lines)
+        r = subprocess.run([sys.executable, "-m", "fairseq_cli.preprocess", "--only-source", "--srcdict",
+                            os.path.join(tmp, "dict.txt"), "--trainpref", os.path.join(tmp, "train.txt"),
+                            "--validpref", os.path.join(tmp, "valid.txt"), "--destdir", tmp,
+                            "--dataset-impl", "mmap", "--workers", str(min(os.cpu_count() or 1, 8))],
+                           capture_output=True, text=True)
+        if r.returncode:
+            raise RuntimeError(f"fairseq-preprocess failed:\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}")
+        for split in ("train", "valid"):
+            os.remove(os.path.join(tmp, f"{split}.txt"))
+
+    return _cached(cache_dir, f"lm-{n_lines}lines-{vocab}vocab-seed{seed}", make)
 
 
 def draw_pool(args_list, n: int):
@@ -72,8 +136,8 @@ def draw_pool(args_list, n: int):
     task.load_dataset(cfg.dataset.train_subset, combine=False, epoch=1)
     itr = task.get_batch_iterator(
         dataset=task.dataset(cfg.dataset.train_subset), max_tokens=cfg.dataset.max_tokens,
-        max_positions=(cfg.task.max_source_positions, cfg.task.max_target_positions),
-        ignore_invalid_inputs=True, required_batch_size_multiple=cfg.dataset.required_batch_size_multiple,
+        max_positions=task.max_positions(), ignore_invalid_inputs=True,
+        required_batch_size_multiple=cfg.dataset.required_batch_size_multiple,
         seed=cfg.common.seed, num_workers=0, epoch=1).next_epoch_itr(shuffle=True)
     pool = []
     for s in itr:

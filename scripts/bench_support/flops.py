@@ -4,8 +4,9 @@ FLOPs of one training step (forward + backward = 3 x forward, 2 FLOPs per multip
     6 x (encoder-layer params x source tokens + (decoder-layer params + output projection) x target tokens)
   + 12 x d x sum over layers and sentences of (enc self: s^2, dec self: t^2, cross: s x t)
 with s, t each sentence's non-pad source/target length (the attention term is QK^T and PV, counted on the
-full t x t square in the decoder as the kernels compute it). Embedding lookups are not matmuls and are
-not counted. Padding slots are not counted either: MFU measures useful work.
+full t x t square in the decoder as the kernels compute it). A decoder-only model (the LM) has no encoder
+layers and no source: 6 x (decoder-layer params + output projection) x tokens + 12 x d x layers x sum t^2.
+Embedding lookups are not matmuls and are not counted. Padding slots are not counted either: MFU measures useful work.
 """
 import re
 
@@ -26,19 +27,20 @@ def device_peak_tflops(device_name: str, precision: str, override=None):
 
 
 def model_shape(model) -> dict:
-    """Parameter counts that one token touches, from a built fairseq (or ls) translation model."""
-    enc = sum(p.numel() for p in model.encoder.layers.parameters())
-    dec = sum(p.numel() for p in model.decoder.layers.parameters())
+    """Parameter counts that one token touches, from a built fairseq (or ls) model of any family
+    (a decoder-only model has no encoder: 0 encoder layers)."""
+    enc = model.encoder.layers if getattr(model, "encoder", None) is not None else []
+    dec = model.decoder.layers
     emb = model.decoder.embed_tokens.weight
-    return {"enc_layer_params": enc, "dec_layer_params": dec, "out_proj_params": emb.numel(),
-            "embed_dim": emb.shape[1], "enc_layers": len(model.encoder.layers),
-            "dec_layers": len(model.decoder.layers)}
+    return {"enc_layer_params": sum(p.numel() for p in enc.parameters()) if enc else 0,
+            "dec_layer_params": sum(p.numel() for p in dec.parameters()), "out_proj_params": emb.numel(),
+            "embed_dim": emb.shape[1], "enc_layers": len(enc), "dec_layers": len(dec)}
 
 
 def batch_flops(sample, shape: dict, pad: int = 1) -> float:
     """Model FLOPs of one training step on this batch (see the module docstring)."""
-    s = sample["net_input"]["src_lengths"].double()
     t = (sample["target"] != pad).sum(1).double()
+    s = sample["net_input"]["src_lengths"].double() if shape["enc_layers"] else t.new_zeros(t.shape)
     dense = 6.0 * (shape["enc_layer_params"] * float(s.sum())
                    + (shape["dec_layer_params"] + shape["out_proj_params"]) * float(t.sum()))
     attn = 12.0 * shape["embed_dim"] * (shape["enc_layers"] * float((s * s).sum())

@@ -1,32 +1,36 @@
 """The benchmark's sides (what each runs) and fairseq trainers built the way fairseq_cli.train builds them.
 
-    ls              ls_transformer_X, ls_label_smoothed_cross_entropy, ls_adam (the plugin as documented)
-    fairseq         transformer_X, label_smoothed_cross_entropy, adam (fairseq as users run it)
-    fairseq_fused   transformer_X, label_smoothed_cross_entropy, torch's fused AdamW (bench_fused_adamw)
-Every other argument is identical.
+    ls              ls_<arch>, our criterion, ls_adam (the plugin as documented)
+    fairseq         <arch>, fairseq's criterion, adam (fairseq as users run it)
+    fairseq_fused   <arch>, fairseq's criterion, torch's fused AdamW (bench_fused_adamw)
+The criterion pair is the family's (fairseq_lightseq/families.py: ls_label_smoothed_cross_entropy /
+label_smoothed_cross_entropy for translation, ls_cross_entropy / cross_entropy for the LM), the
+adam pair fairseq_lightseq's OPTIMIZERS. Every other argument is identical.
 """
 import os
 
-ARCHS = {"base": "transformer_wmt_en_de", "big": "transformer_vaswani_wmt_en_de_big"}
-SIDES = {
-    "ls": ("ls_", "ls_label_smoothed_cross_entropy", "ls_adam"),
-    "fairseq": ("", "label_smoothed_cross_entropy", "adam"),
-    "fairseq_fused": ("", "label_smoothed_cross_entropy", "bench_fused_adamw"),
-}
+# side -> (runs our model and criterion, optimizer: None = the library's (adam, ls_adam) pair)
+SIDES = {"ls": (True, None), "fairseq": (False, None), "fairseq_fused": (False, "bench_fused_adamw")}
 
 
-def train_args(data_bin: str, repo: str, side: str, arch: str, device: str, precision: str, max_tokens: int,
-               layers=None, extra=()):
-    """fairseq-train arguments for one side (see the module docstring); `arch` is fairseq's name (e.g.
-    ARCHS["big"]), the ls side gets its ls_ twin."""
-    prefix, criterion, optimizer = SIDES[side]
-    args = [data_bin, "--user-dir", os.path.join(repo, "fairseq_lightseq"), "--arch", prefix + arch,
-            "--share-all-embeddings", "--optimizer", optimizer, "--adam-betas", "(0.9, 0.98)",
+def train_args(family, data_bin: str, repo: str, side: str, arch_size: str, device: str, precision: str,
+               shape, layers=None, extra=()):
+    """fairseq-train arguments for one side of `family` (a bench_support.families.BenchFamily; see the
+    module docstring); `shape` is (max_tokens, seq_len) (seq_len None for translation)."""
+    from fairseq_lightseq.families import FAMILIES, OPTIMIZERS, PREFIX
+
+    from .families import layer_args, shape_args
+
+    lib = FAMILIES[family.library]
+    ours, optimizer = SIDES[side]
+    native_adam, ls_adam = OPTIMIZERS[0][0]
+    arch = family.archs[arch_size]
+    args = [data_bin, "--user-dir", os.path.join(repo, "fairseq_lightseq"), "--task", lib.task,
+            "--arch", PREFIX + arch if ours else arch, *family.task_args,
+            "--optimizer", optimizer or (ls_adam if ours else native_adam), "--adam-betas", "(0.9, 0.98)",
             "--lr", "5e-4", "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "4000",
-            "--criterion", criterion, "--label-smoothing", "0.1", "--max-tokens", str(max_tokens),
-            "--seed", "1", "--num-workers", "0", "--log-format", "none"]
-    if layers:
-        args += ["--encoder-layers", str(layers), "--decoder-layers", str(layers)]
+            "--criterion", lib.criterion if ours else lib.native_criterion, *shape_args(family, *shape),
+            "--seed", "1", "--num-workers", "0", "--log-format", "none", *layer_args(family, layers)]
     if device == "cpu":
         args.append("--cpu")
     if precision in ("fp16", "bf16"):

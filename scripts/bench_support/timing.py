@@ -74,11 +74,11 @@ def _op_breakdown(prof, steps: int, top: int) -> dict:
 
 
 def run_side(spec: dict) -> dict:
-    """spec: args (fairseq-train arguments), pools ([[max_tokens, path]], or [max_tokens, path, warmup,
-    steps] to override the counts, e.g. a memory-only pool), warmup, steps, first_step
+    """spec: args (fairseq-train arguments), pools ([{"label", "path"}], with "warmup" and "steps" to
+    override the counts, e.g. a memory-only pool), warmup, steps, first_step
     (timed step k trains on pool batch (first_step + k) mod pool size), and the
-    extras: memory_at (max_tokens list), syncs (bool), busy_at (max_tokens or None), busy_steps,
-    ops_steps (0: none), ops_top, threads. Returns per pool: times (s per timed step), skipped
+    extras: memory_at (pool labels), syncs (bool), busy_at (a pool label or None), busy_steps,
+    ops_steps (0: none), ops_top, threads. Returns per pool label: times (s per timed step), skipped
     (updates fairseq skipped, e.g. fp16 overflow, over warm-up + timed), and the extras' results."""
     import torch
 
@@ -105,9 +105,9 @@ def run_side(spec: dict) -> dict:
            "optimizer": type(_inner_optimizer(trainer)).__name__, "pools": {}}
     first = spec.get("first_step", 0)  # this round's part of the timed step list
     for entry in spec["pools"]:
-        max_tokens, path = entry[:2]
-        warmup, steps = entry[2:] if len(entry) == 4 else (spec["warmup"], spec["steps"])
-        pool = torch.load(path, weights_only=False)
+        label = entry["label"]
+        warmup, steps = entry.get("warmup", spec["warmup"]), entry.get("steps", spec["steps"])
+        pool = torch.load(entry["path"], weights_only=False)
         n = len(pool)
         skipped = sum(step(pool[i % n]) for i in range(warmup))
         # what the timed steps trained on, so a caller can check every side saw the same batches
@@ -131,15 +131,15 @@ def run_side(spec: dict) -> dict:
         scaler = getattr(trainer.optimizer, "scaler", None)  # fp16's dynamic loss scaler
         res = {"times": times, "skipped": skipped, "target_checksum": checksum,
                "loss_scale": None if scaler is None else float(scaler.loss_scale)}
-        if cuda and max_tokens in spec.get("memory_at", ()):
+        if cuda and label in spec.get("memory_at", ()):
             res["memory"] = _memory_step(trainer, task, step, pool[0])
         if cuda and spec.get("syncs") and steps:
             res["syncs"] = _sync_step(trainer, task, step, pool[1 % n])
-        if cuda and spec.get("busy_at") == max_tokens:
+        if cuda and spec.get("busy_at") == label:
             res["busy_fraction"] = _busy_steps(step, pool, spec.get("busy_steps", 5))
         if spec.get("ops_steps"):
             res["ops"] = _ops_steps(step, pool, spec["ops_steps"], spec.get("ops_top", 15))
-        out["pools"][str(max_tokens)] = res
+        out["pools"][label] = res
     return out
 
 

@@ -1,7 +1,8 @@
-"""scripts/benchmark.py run tiny through its command line, each mode once: throughput (sides in turns
-on one pool from fairseq's loader), --host-overhead and --activation-bytes. The numbers are not judged
-(tiny models on a shared CPU); what is checked is the method: every side trains on the identical step
-list, the reported ratios are the ones the per-step times give, MFU uses the given peak. Marked `e2e`."""
+"""scripts/benchmark.py run tiny through its command line, each mode once per model family: throughput
+(sides in turns on pools from fairseq's loader), --host-overhead and --activation-bytes, for translation
+and for the LM (--family lm). The numbers are not judged (tiny models on a shared CPU); what is checked
+is the method: every side trains on the identical step list, the reported ratios are the ones the
+per-step times give, MFU uses the given peak and the family's FLOPs. Marked `e2e`."""
 import json
 import os
 import statistics
@@ -15,13 +16,16 @@ pytestmark = pytest.mark.e2e
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TINY = "--encoder-embed-dim 32 --decoder-embed-dim 32 --encoder-ffn-embed-dim 64 --decoder-ffn-embed-dim 64 " \
        "--encoder-attention-heads 2 --decoder-attention-heads 2"
+TINY_LM = "--decoder-embed-dim 32 --decoder-input-dim 32 --decoder-output-dim 32 --decoder-ffn-embed-dim 64 " \
+          "--decoder-attention-heads 2"  # input/output dims too: fairseq's transformer_lm keeps 512 otherwise
+LM_CORPUS = ["--family", "lm", "--corpus-size", "2000", "--vocab", "104"]  # one cached data-bin for every LM test
 
 
-def bench(tmp_path, name, *args):
+def bench(tmp_path, name, *args, cache=None):
     out = tmp_path / f"{name}.json"
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
     r = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "benchmark.py"), "--device", "cpu",
-                        "--cache-dir", str(tmp_path / "cache"), "--json", str(out), *args],
+                        "--cache-dir", str(cache or tmp_path / "cache"), "--json", str(out), *args],
                        capture_output=True, text=True, timeout=600, env=env)
     assert r.returncode == 0, f"benchmark.py {' '.join(args)} failed:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
     return json.loads(out.read_text()), r.stdout
@@ -31,7 +35,7 @@ def test_throughput_sides_train_on_the_same_steps(tmp_path):
     res, log = bench(tmp_path, "tp", "--corpus-pairs", "3000", "--vocab", "304", "--layers", "1", "--extra", TINY,
                      "--max-tokens", "256", "--pool", "3", "--warmup", "1", "--steps", "4", "--rounds", "2",
                      "--sides", "ls,fairseq,fairseq_fused", "--peak-tflops", "2.0", "--threads", "1")
-    row = res["precisions"]["fp32"]["max_tokens"]["256"]
+    row = res["precisions"]["fp32"]["shapes"]["256"]
     sides = row["sides"]
     assert set(sides) == {"ls", "fairseq", "fairseq_fused"}
     # the same 4 steps (pool batches 0, 1, 2, 0) on every side, 2 in each round
@@ -77,8 +81,70 @@ def test_activation_bytes_counts_both_sides(tmp_path, attention):
                      "--act-sizes", "base", "--layers", "1", "--max-tokens", "256", "--extra", TINY,
                      "--ls-attention", attention)
     assert res["ls_attention"] == attention
-    row = res["sizes"]["base"]
+    row = res["sizes"]["base"]["256"]
     assert row["ls"]["bytes"] > 0 and row["fairseq"]["bytes"] > 0
     assert row["ls"]["batch"] == row["fairseq"]["batch"]
     assert row["ratio"] == pytest.approx(row["ls"]["bytes"] / row["fairseq"]["bytes"])
     assert "target <= 0.6x" in log
+
+
+@pytest.fixture(scope="module")
+def lm_cache(tmp_path_factory):
+    """One cache dir for the LM tests: the tiny corpus goes through fairseq-preprocess once."""
+    return tmp_path_factory.mktemp("lm_cache")
+
+
+def test_lm_throughput_sides_train_on_the_same_blocks(tmp_path, lm_cache):
+    res, log = bench(tmp_path, "lm_tp", *LM_CORPUS, "--layers", "1", "--extra", TINY_LM, "--max-tokens", "256",
+                     "--seq-len", "32,64", "--pool", "3", "--warmup", "1", "--steps", "4", "--rounds", "2",
+                     "--sides", "ls,fairseq", "--peak-tflops", "2.0", "--threads", "1", cache=lm_cache)
+    assert res["family"] == "lm"
+    prec = res["precisions"]["fp32"]
+    shape = prec["model"]
+    assert shape["enc_layers"] == 0 and shape["dec_layers"] == 1 and shape["embed_dim"] == 32
+    assert set(prec["shapes"]) == {"256@T32", "256@T64"}
+    for label, T in (("256@T32", 32), ("256@T64", 64)):
+        row = prec["shapes"][label]
+        sides = row["sides"]
+        assert len({s["target_checksum"] for s in sides.values()}) == 1
+        tokens = row["step_tgt_tokens"]
+        assert len(tokens) == 4 and tokens[3] == tokens[0] and max(tokens) <= 256
+        # full blocks of T: the LM's FLOPs are 6 x (layer + output params) x N + 12 x d x layers x N x T
+        flops = sum(6.0 * (shape["dec_layer_params"] + shape["out_proj_params"]) * n + 12.0 * 32 * n * T
+                    for n in tokens)
+        for s in sides.values():
+            assert s["tflops_per_s"] == pytest.approx(flops / (sum(s["step_ms"]) / 1e3) / 1e12, rel=1e-6)
+            assert s["mfu"] == pytest.approx(s["tflops_per_s"] / 2.0)
+        assert sides["fairseq"]["ls_speedup_sum"] == pytest.approx(
+            sum(sides["fairseq"]["step_ms"]) / sum(sides["ls"]["step_ms"]))
+        assert row["pad_fraction"]["tgt"] < 0.05
+    assert "256@T64" in log
+
+
+def test_lm_host_overhead_profiles_both_sides(tmp_path, lm_cache):
+    res, log = bench(tmp_path, "lm_host", "--family", "lm", "--host-overhead", "--host-pairs", "2000",
+                     "--host-vocab", "104", "--max-tokens", "128", "--seq-len", "32", "--pool", "2", "--warmup", "1",
+                     "--steps", "2", "--rounds", "1", "--ops-steps", "1", cache=lm_cache)
+    assert res["family"] == "lm" and res["shape"] == "128@T32"
+    for s in res["sides"].values():
+        assert s["ops"]["backward_nodes_per_step"] > 10
+    assert "transformer_lm_gpt depth" in log and "target <= 0.5x" in log
+
+
+def test_lm_activation_bytes_at_each_block_length(tmp_path, lm_cache):
+    res, log = bench(tmp_path, "lm_act", *LM_CORPUS, "--activation-bytes", "--act-sizes", "base", "--layers", "1",
+                     "--max-tokens", "128", "--seq-len", "32,128", "--extra", TINY_LM, cache=lm_cache)
+    rows = res["sizes"]["base"]
+    assert set(rows) == {"128@T32", "128@T128"}
+    assert rows["128@T32"]["ls"]["batch"] == [4, 32] and rows["128@T128"]["fairseq"]["batch"] == [1, 128]
+    for row in rows.values():
+        assert row["ratio"] == pytest.approx(row["ls"]["bytes"] / row["fairseq"]["bytes"])
+    # the explicit attention's [B, H, T, T] grows with T at a fixed token count: more bytes at T = 128
+    assert rows["128@T128"]["fairseq"]["bytes"] > rows["128@T32"]["fairseq"]["bytes"]
+    assert "target <= 0.6x" in log
+
+
+def test_seq_len_is_refused_for_translation(tmp_path):
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "benchmark.py"), "--seq-len", "512",
+                        "--cache-dir", str(tmp_path / "cache")], capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0 and "batches sentences by --max-tokens only" in r.stderr

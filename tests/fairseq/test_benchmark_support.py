@@ -1,6 +1,7 @@
 """The benchmark's measuring helpers (scripts/bench_support): the saved-bytes counter counts each
 storage once and leaves parameters out, finds tensors kept as ctx attributes; the GPU-busy fraction
-is the union of kernel intervals over the window; the fused AdamW baseline is fairseq's Adam."""
+is the union of kernel intervals over the window; the fused AdamW baseline is fairseq's Adam; the
+family table gives every side of every family its arguments."""
 import json
 import os
 import sys
@@ -9,8 +10,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
-                                "scripts"))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
 
 from bench_support.fused_adamw import BenchFusedAdamW  # noqa: E402
 from bench_support.saved_bytes import SavedBytes  # noqa: E402
@@ -83,3 +84,33 @@ def test_fused_adamw_baseline_steps_like_fairseq_adam():
     for p, q, p0 in zip(ours, ref, start):
         torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
         assert (p - p0).abs().mean() > 5e-4  # the step did move them (lr 1e-3)
+
+
+@pytest.mark.parametrize("family", ["translation", "lm"])
+@pytest.mark.parametrize("side", ["ls", "fairseq", "fairseq_fused"])
+def test_every_family_gives_each_side_its_model_criterion_and_optimizer(family, side):
+    """bench_support/families.py is the benchmark's one table: each family's sides parse with fairseq's
+    own training parser into the family's task, ours or fairseq's arch and criterion, and the side's
+    optimizer; the tiny width sets every stack (and the LM's input/output dims)."""
+    from fairseq import options
+    from fairseq_lightseq.families import FAMILIES as LIBRARY
+
+    from bench_support.families import FAMILIES, tiny_width_args
+    from bench_support.fused_adamw import register
+    from bench_support.sides import train_args
+
+    register()
+    fam = FAMILIES[family]
+    lib = LIBRARY[fam.library]
+    shape = (1024, 512 if fam.seq_len else None)
+    args = train_args(fam, "/nonexistent", ROOT, side, "base", "cpu", "fp32", shape, 3, tiny_width_args(fam))
+    ns = options.parse_args_and_arch(options.get_training_parser(), input_args=args)
+    ours = side == "ls"
+    assert ns.task == lib.task and ns.arch == ("ls_" if ours else "") + fam.archs["base"]
+    assert ns.criterion == (lib.criterion if ours else lib.native_criterion)
+    assert ns.optimizer == {"ls": "ls_adam", "fairseq": "adam", "fairseq_fused": "bench_fused_adamw"}[side]
+    assert ns.max_tokens == 1024 and ns.decoder_layers == 3 and ns.decoder_embed_dim == 32
+    if fam.seq_len:
+        assert ns.tokens_per_sample == 512 and ns.decoder_input_dim == ns.decoder_output_dim == 32
+    else:
+        assert ns.encoder_layers == 3 and ns.encoder_embed_dim == 32

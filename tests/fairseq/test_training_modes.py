@@ -222,9 +222,11 @@ def test_cli_ema_checkpoint_loads(data_bin, tmp_path, baseline):
 # ------------------------------------------------------------------------- fairseq Trainer, bf16
 def _trainer_losses(data_bin, precision, device="cpu", steps=3):
     from bench_support.corpus import draw_pool
+    from bench_support.families import FAMILIES
     from bench_support.sides import build_trainer, train_args
 
-    args = train_args(data_bin, ROOT, "ls", "transformer", device, precision, 400, layers=1, extra=[
+    args = train_args(FAMILIES["translation"], data_bin, ROOT, "ls", "base", device, precision, (400, None),
+                      layers=1, extra=[
         "--encoder-embed-dim", "32", "--decoder-embed-dim", "32", "--encoder-ffn-embed-dim", "64",
         "--decoder-ffn-embed-dim", "64", "--encoder-attention-heads", "2", "--decoder-attention-heads", "2",
         "--dropout", "0.0", "--lr", "0.005", "--lr-scheduler", "fixed", "--warmup-updates", "0"])
