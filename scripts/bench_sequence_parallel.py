@@ -172,7 +172,8 @@ def run_grid(a, out: dict) -> None:
                      "warmup": a.warmup, "reps": a.reps, "threads": torch.get_num_threads(),
                      "parameters": sum(p.numel() for p in params), "parameter_bytes": param_bytes,
                      "device_name": torch.cuda.get_device_name() if a.device == "cuda" else "cpu"}
-    sdpa = multihead_attention.use_sdpa(torch.empty(0, device=a.device))  # CUDA: torch's fused attention
+    # CUDA, or no attention dropout: torch's fused attention
+    sdpa = multihead_attention.use_sdpa(torch.empty(0, device=a.device), a.attention_dropout)
     attention = "sdpa" if sdpa else "kernel" if ops.has_kernel("attention_softmax_fwd", a.device) else "reference"
     cells = out["cells"] = []
     grid = [(T, P, m) for T in a.lengths for P in a.sizes for m in a.modes if not (P == 1 and m != a.modes[0])

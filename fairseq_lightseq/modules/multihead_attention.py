@@ -26,21 +26,26 @@ from ..ops import _backend
 from ..ops.blocks.attention import _sdpa_mask, sdpa_supported
 
 # When to use torch's fused scaled_dot_product_attention instead of the explicit
-# bmm -> ops.attention_softmax_dropout -> bmm path: "auto" = on CUDA only, "always", "never".
-# (Tests set "always" to check the SDPA path on CPU.) SDPA's dropout draws from torch's RNG, not
-# our Philox stream; both are valid dropout, they are just different masks.
+# bmm -> ops.attention_softmax_dropout -> bmm path: "auto" = on CUDA, and on the CPU when the attention
+# has no dropout; "always"; "never". (Tests set "always" to check the SDPA path with dropout on CPU.)
+# SDPA's dropout draws from torch's RNG, not our Philox stream; both are valid dropout, they are just
+# different masks. On the CPU without dropout SDPA is the same math and keeps no [B, H, Tq, Tk] tensor
+# for backward (our explicit path keeps the softmax output: at T = 2048 more than fairseq keeps in all,
+# whose CPU path runs SDPA); with dropout torch's CPU SDPA falls back to its math path, which keeps more
+# than our kernels, so the explicit path stays.
 SDPA_MODE = "auto"
 
 IncrementalState = Dict[str, Dict[str, Optional[Tensor]]]
 
 
-def use_sdpa(x: Tensor) -> bool:
-    """Whether attention on x's device runs torch's fused SDPA (see SDPA_MODE)."""
+def use_sdpa(x: Tensor, dropout_p: float) -> bool:
+    """Whether attention on x's device with attention dropout probability dropout_p (0 when not applied)
+    runs torch's fused SDPA (see SDPA_MODE)."""
     if SDPA_MODE == "never":
         return False
     if SDPA_MODE == "always":
         return True
-    return x.is_cuda
+    return x.is_cuda or dropout_p == 0.0
 
 
 @with_incremental_state
@@ -170,7 +175,7 @@ class LSMultiheadAttention(nn.Module):
         B, H, Tq, hd = q.shape
         Tk = k.size(2)
         # with a padding mask, _sdpa_mask builds the causal band explicitly, for any Tq and Tk
-        if not need_weights and use_sdpa(q) and (key_padding_mask is not None or sdpa_supported(causal, Tq, Tk)):
+        if not need_weights and use_sdpa(q, attn_dropout.p) and (key_padding_mask is not None or sdpa_supported(causal, Tq, Tk)):
             # Fused attention: no [B, H, Tq, Tk] tensor in memory (masks: see _sdpa_mask).
             mask, is_causal = _sdpa_mask(key_padding_mask, causal, Tq, Tk)
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=attn_dropout.p,

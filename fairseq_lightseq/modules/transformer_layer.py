@@ -111,10 +111,11 @@ class _TransformerLayerBase(nn.Module):
     def _attention_block(self, attn: LSMultiheadAttention, ln: nn.LayerNorm, x: Tensor, memory: Optional[Tensor],
                          key_padding_mask: Optional[Tensor], causal: bool, seed: Optional[int], site: int) -> Tensor:
         Tk = x.shape[0] if memory is None else memory.shape[0]
+        attn_dropout = _backend.draw(attn.dropout_module.p, attn.dropout_active, seed, site)
         cfg = AttentionBlockConfig(
-            attn.num_heads, attn.scaling, causal, self.normalize_before, ln.eps,
-            _backend.draw(attn.dropout_module.p, attn.dropout_active, seed, site), self._draw(self.dropout_module.p, seed, site + 1),
-            use_sdpa(x) and ops.blocks.attention.sdpa_supported(causal, x.shape[0], Tk))
+            attn.num_heads, attn.scaling, causal, self.normalize_before, ln.eps, attn_dropout,
+            self._draw(self.dropout_module.p, seed, site + 1),
+            use_sdpa(x, attn_dropout.p) and ops.blocks.attention.sdpa_supported(causal, x.shape[0], Tk))
         q, k, v, o = attn.q_proj, attn.k_proj, attn.v_proj, attn.out_proj
         return attention_block(x, memory, key_padding_mask, ln.weight, ln.bias, q.weight, q.bias, k.weight, k.bias,
                                v.weight, v.bias, o.weight, o.bias, cfg)
