@@ -14,7 +14,7 @@ import sys
 import pytest
 import torch
 
-from support.cli import BIN, by_hand, falls, free_port, generate, make_data_bin, run, train_args
+from support.cli import BIN, by_hand, checkpoint_params, falls, free_port, generate, make_data_bin, run, train_args
 from support.recipe import train_inner
 
 pytestmark = pytest.mark.e2e
@@ -32,12 +32,6 @@ def _args(data_bin, d, updates, *extra):
     return [*train_args(data_bin, d, updates), *DROPOUTS, *SAVE, *extra]
 
 
-def _params(d):
-    state = torch.load(os.path.join(d, "checkpoint_last.pt"), map_location="cpu", weights_only=False)["model"]
-    # the parameters (not the float buffers fairseq stores: version, _float_tensor)
-    return {k: v.double() for k, v in state.items() if v.is_floating_point() and not k.endswith(("version", "_float_tensor"))}
-
-
 def _sgd(data_bin, d, world, *extra):
     """One SGD update (lr 1, no momentum); returns the parameters after it."""
     args = _args(data_bin, d, 1, "--optimizer", "sgd", "--lr", "1.0", "--momentum", "0", *extra)
@@ -45,7 +39,7 @@ def _sgd(data_bin, d, world, *extra):
         run(["fairseq-train", *args], cwd=str(d))
     else:
         by_hand(args, world, d)
-    return _params(d)
+    return checkpoint_params(d)
 
 
 def test_one_sgd_update_moves_parameters_as_one_process(data_bin, tmp_path):

@@ -3,17 +3,18 @@
 Every rank builds the same model (float64, all dropouts 0.1) and batches. It computes the unsharded
 reference itself (one process, the DP batches summed), then its sharded share through the criterion;
 the world all-reduce of the shares (what fairseq's DDP does) must give the reference's summed loss,
-nll, counts and every gradient to 1e-9 relative. Ranks run over gloo on the CPU: 2 processes (P=2)
-and 4 (P=4, and 2 SP x 2 DP with different batches), one spawn per world size for all configurations.
+nll, counts and every gradient to 1e-9 relative (support.sp, shared with the other families' SP tests).
+Ranks run over gloo on the CPU: 2 processes (P=2) and 4 (P=4, and 2 SP x 2 DP with different batches),
+one spawn per world size for all configurations.
 """
 import argparse
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from support.dist import run
 from support.models import batch, make_task, perturb_
+from support.sp import assert_sharded_equals_one_process
 
 CONFIGS = {
     "base": {},
@@ -47,45 +48,18 @@ def _sample(task, dp_index, S, T):
             "target": target, "ntokens": int(target.ne(task.target_dictionary.pad()).sum())}
 
 
-def _step(model, criterion, sample, seed, train):
-    """(loss, nll, ntokens, nsentences, sample_size, {name: grad}) of one forward/backward."""
-    model.zero_grad()
-    model.train(train)
-    torch.manual_seed(seed)
-    loss, sample_size, log = criterion(model, sample)
-    loss.backward()
-    grads = {n: p.grad.clone() if p.grad is not None else torch.zeros_like(p) for n, p in model.named_parameters()}
-    return torch.tensor([float(log["loss"]), float(log["nll_loss"]), log["ntokens"], log["nsentences"],
-                         sample_size], dtype=torch.float64), grads
+def _attach(model, sp):
+    model.encoder.sequence_parallel = model.decoder.sequence_parallel = sp
 
 
 def _check_config(cfg, P, mode, S, T, train=True):
     from fairseq_lightseq.criterions.ls_label_smoothed_cross_entropy import LsLabelSmoothedCrossEntropyCriterion
-    from fairseq_lightseq.sequence_parallel.groups import new_sequence_parallel_group
-    from fairseq_lightseq.sequence_parallel.sharding import SequenceParallel
 
-    world = dist.get_world_size()
     task, model = _model(cfg, P, mode)
     criterion = LsLabelSmoothedCrossEntropyCriterion(task, False, 0.1, report_accuracy=True)
-    g = new_sequence_parallel_group(P)
-    # the reference: one process, every data-parallel batch
-    ref_counts, ref_grads = 0, None
-    for d in range(world // P):
-        c, gr = _step(model, criterion, _sample(task, d, S, T), 123, train)
-        ref_counts = ref_counts + c
-        ref_grads = gr if ref_grads is None else {n: ref_grads[n] + gr[n] for n in gr}
-    # this rank's share of its data-parallel batch
-    model.encoder.sequence_parallel = model.decoder.sequence_parallel = SequenceParallel(g.group, P, g.rank, mode)
-    counts, grads = _step(model, criterion, _sample(task, g.index, S, T), 123, train)
-    model.encoder.sequence_parallel = model.decoder.sequence_parallel = None
-    dist.all_reduce(counts)
-    for gr in grads.values():
-        dist.all_reduce(gr)
-    where = f"{cfg} P={P} {mode} S={S} T={T} train={train}"
-    torch.testing.assert_close(counts, ref_counts, rtol=1e-9, atol=1e-9, msg=lambda m: f"{where}: counts {m}")
-    for n, gr in grads.items():
-        torch.testing.assert_close(gr, ref_grads[n], rtol=1e-9, atol=1e-11, msg=lambda m: f"{where}: grad {n} {m}")
-        assert ref_grads[n].abs().sum() > 0 or "version" in n or n.endswith("padding"), f"{where}: {n} has no gradient"
+    assert_sharded_equals_one_process(model, _attach, criterion, lambda d: _sample(task, d, S, T), P, mode,
+                                      f"{cfg} P={P} {mode} S={S} T={T} train={train}",
+                                      ("loss", "nll_loss", "ntokens", "nsentences"), train=train)
 
 
 def _all_configs(sizes):
