@@ -208,8 +208,8 @@ def test_sequence_parallel_sgd_update_equals_one_process(corpus):
         assert max(errors.values()) <= 1e-4, (mode, errors)
 
 
-def test_sentence_prediction_refused_under_sequence_parallelism(pretrained):
-    d, _ = pretrained
+def test_sentence_prediction_refused_under_sequence_parallelism(corpus):
+    d = corpus
     rc, log = run(["fairseq-train", "ft", "--task", "sentence_prediction", *LS, "--criterion", "sentence_prediction",
                    "--num-classes", "2", *COMMON, "--init-token", "0", "--max-positions", "64", "--max-update", "1",
                    "--sequence-parallel-size", "2", "--save-dir", "refused"], d,
