@@ -4,12 +4,13 @@ the hub interface (from_pretrained, encode, extract_features, fill_mask, predict
 on our checkpoint equal to the native model on the converted one; sentence_prediction fine-tuning
 (classification and --regression-target) from a pretrained ls or native checkpoint with fairseq's GLUE
 flags (--restore-file ... --reset-optimizer --reset-dataloader --reset-meters); one SGD update with
---sequence-parallel-size 2 (both modes, dropout on, --max-positions 600) moving every parameter as one
+--sequence-parallel-size 2 (ulysses, dropout on, --max-positions 600) moving every parameter as one
 process does, and sentence_prediction refused under it. The corpus is written in
 characters (fairseq's `characters` BPE, so the hub's encode needs no model file). Tiny models (1 layer,
 width 32), CPU. Marked `e2e`."""
 import os
 import random
+import re
 
 import pytest
 import torch
@@ -23,7 +24,9 @@ WORDS = "cat dog sat ran on under mat log big small red old".split()
 MODEL = ["--encoder-layers", "1", "--encoder-embed-dim", "32", "--encoder-ffn-embed-dim", "64",
          "--encoder-attention-heads", "2"]
 LS = ["--user-dir", USER_DIR, "--arch", "ls_roberta", "--optimizer", "ls_adam"]
-NATIVE = ["--arch", "roberta", "--optimizer", "adam"]
+# fairseq's own model, criterion and optimizer; the plugin is loaded only for numpy_compat (fairseq's
+# TokenBlockDataset with --sample-break-mode eos needs np.compat.long, gone in numpy 2)
+NATIVE = ["--user-dir", USER_DIR, "--arch", "roberta", "--optimizer", "adam"]
 COMMON = [*MODEL, "--dropout", "0.1", "--attention-dropout", "0.1", "--max-tokens", "512", "--seed", "1", "--cpu",
           "--num-workers", "0", "--no-epoch-checkpoints", "--log-format", "json", "--log-interval", "1"]
 
@@ -67,24 +70,24 @@ def corpus(tmp_path_factory):
     return d
 
 
-def pretrain(d, stack, criterion, save_dir, updates=30, *extra):
+def pretrain(d, stack, criterion, save_dir, updates=20, *extra):
     return run(["fairseq-train", "mlm", "--task", "masked_lm", *stack, "--criterion", criterion, *COMMON,
                 "--tokens-per-sample", "64", "--sample-break-mode", "eos", "--lr", "0.003",
                 "--max-update", str(updates), "--save-dir", save_dir, *extra], d)[1]
 
 
-def finetune(d, stack, restore, save_dir, regression=False, updates=12):
+def finetune(d, stack, restore, save_dir, regression=False, updates=44):
     task = ["--num-classes", "1", "--regression-target"] if regression else \
         ["--num-classes", "2", "--best-checkpoint-metric", "accuracy", "--maximize-best-checkpoint-metric"]
     return run(["fairseq-train", "ft", "--task", "sentence_prediction", *stack, "--criterion", "sentence_prediction",
                 *task, *COMMON, "--init-token", "0", "--separator-token", "2", "--max-positions", "64",
                 "--restore-file", restore, "--reset-optimizer", "--reset-dataloader", "--reset-meters",
-                "--lr", "0.001", "--max-update", str(updates), "--save-dir", save_dir], d)[1]
+                "--lr", "0.002", "--max-update", str(updates), "--save-dir", save_dir], d)[1]
 
 
 @pytest.fixture(scope="module")
 def pretrained(corpus):
-    """ls and native pretraining (30 updates each), each converted to the other implementation."""
+    """ls and native pretraining (20 updates each), each converted to the other implementation."""
     d = corpus
     logs = {"ls": pretrain(d, LS, "ls_masked_lm", "ls"), "native": pretrain(d, NATIVE, "masked_lm", "native")}
     convert(os.path.join(d, "ls/checkpoint_last.pt"), os.path.join(d, "ls_as_native.pt"), "fairseq", d)
@@ -96,7 +99,7 @@ def test_pretraining_lowers_the_loss_for_both(pretrained):
     _, logs = pretrained
     for name, log in logs.items():
         xs = losses(log)
-        assert len(xs) == 30 and sum(xs[-3:]) / 3 < sum(xs[:3]) / 3 - 1.0, (name, xs)
+        assert len(xs) == 20 and sum(xs[-3:]) / 3 < sum(xs[:3]) / 3 - 0.5, (name, xs)
         assert '"valid_loss"' in log, name
     first = {name: losses(log)[0] for name, log in logs.items()}
     assert abs(first["ls"] - first["native"]) < 0.5, first  # same task, same start (log2 V): not a random pick
@@ -124,6 +127,13 @@ def _hubs(d, ours_dir, ours_file, native_file, data):
     return ours, native
 
 
+def _assert_same_fill(ours, native, masked="the big d<mask>g sat"):
+    filled, expected = ours.fill_mask(masked, topk=3), native.fill_mask(masked, topk=3)
+    assert [f[0] for f in filled] == [e[0] for e in expected]
+    torch.testing.assert_close(torch.tensor([f[1] for f in filled]), torch.tensor([e[1] for e in expected]),
+                               rtol=1e-5, atol=1e-6)
+
+
 def test_hub_on_ours_equals_the_native_model(pretrained):
     d, _ = pretrained
     ours, native = _hubs(d, "ls", "checkpoint_last.pt", "ls_as_native.pt", "mlm")
@@ -134,31 +144,33 @@ def test_hub_on_ours_equals_the_native_model(pretrained):
     for a, b in zip(ours.extract_features(tokens, return_all_hiddens=True),
                     native.extract_features(tokens, return_all_hiddens=True)):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
-    filled, expected = ours.fill_mask("the big d<mask>g sat", topk=3), native.fill_mask("the big d<mask>g sat", topk=3)
-    assert [f[2] for f in filled] == [e[2] for e in expected]
-    torch.testing.assert_close(torch.tensor([f[1] for f in filled]), torch.tensor([e[1] for e in expected]),
-                               rtol=1e-5, atol=1e-6)
+    _assert_same_fill(ours, native)
+    # and the other way: fairseq's checkpoint converted to ours
+    ours, native = _hubs(d, ".", "native_as_ls.pt", "native/checkpoint_last.pt", "mlm")
+    torch.testing.assert_close(ours.extract_features(tokens), native.extract_features(tokens), rtol=1e-5, atol=1e-5)
+    _assert_same_fill(ours, native)
 
 
 @pytest.fixture(scope="module")
 def finetuned(pretrained):
-    """Classification fine-tuned by ls_roberta from our pretrained checkpoint and from fairseq's."""
+    """Classification fine-tuned by ls_roberta from our pretrained checkpoint."""
     d, _ = pretrained
-    logs = {"from_ls": finetune(d, LS, "ls/checkpoint_last.pt", "ft_ls"),
-            "from_native": finetune(d, LS, "native/checkpoint_last.pt", "ft_native")}
+    logs = {"from_ls": finetune(d, LS, "ls/checkpoint_last.pt", "ft_ls")}
     convert(os.path.join(d, "ft_ls/checkpoint_last.pt"), os.path.join(d, "ft_ls_as_native.pt"), "fairseq", d)
     return d, logs
 
 
-def test_finetune_from_ls_and_native_checkpoints(finetuned):
+def test_classification_finetune_from_an_ls_checkpoint(finetuned):
     d, logs = finetuned
     for name, log in logs.items():
-        assert "loaded checkpoint" in log, name
+        assert "Loaded checkpoint " in log, name
         rows = train_inner(log)
-        assert [int(r["num_updates"]) for r in rows] == list(range(1, 13)), name  # --reset-meters/-optimizer: from 0
-        assert "accuracy" in rows[0] and '"valid_accuracy"' in log, name
+        assert [int(r["num_updates"]) for r in rows] == list(range(1, 45)), name  # --reset-optimizer: from 0
         xs = losses(log)
-        assert sum(xs[-3:]) / 3 < sum(xs[:3]) / 3, (name, xs)
+        assert sum(xs[-3:]) / 3 < sum(xs[:3]) / 3 - 0.5, (name, xs)
+        # the label (does the sentence start with "the") is learnt: the last validation's accuracy
+        accuracy = [float(v) for v in re.findall(r'"valid_accuracy": "([\d.]+)"', log)]
+        assert accuracy and accuracy[-1] >= 90, (name, accuracy)
 
 
 def test_hub_predict_with_the_registered_head(finetuned):
@@ -170,11 +182,13 @@ def test_hub_predict_with_the_registered_head(finetuned):
                                native.predict("sentence_classification_head", tokens), rtol=1e-5, atol=1e-5)
 
 
-def test_regression_finetune(pretrained):
+def test_regression_finetune_from_a_native_checkpoint(pretrained):
+    """fairseq's own roberta checkpoint, unconverted (same weights; --restore-file reads only them)."""
     d, _ = pretrained
-    log = finetune(d, LS, "native_as_ls.pt", "ft_reg", regression=True)
+    log = finetune(d, LS, "native/checkpoint_last.pt", "ft_reg", regression=True)
+    assert "Loaded checkpoint native/checkpoint_last.pt" in log
     rows = train_inner(log)
-    assert len(rows) == 12 and "accuracy" not in rows[0]
+    assert len(rows) == 44 and "accuracy" not in rows[0]
     xs = losses(log)
     assert sum(xs[-3:]) / 3 < sum(xs[:3]) / 3, xs
 
@@ -199,13 +213,20 @@ def test_sequence_parallel_sgd_update_equals_one_process(corpus):
     start = _sgd(d, "sgd_start", 1, "--lr", "0")
     one = _sgd(d, "sgd_one", 1)
     moved = {k: (one[k] - start[k]).abs().max().item() for k in one}
-    assert all(m > 1e-4 for k, m in moved.items() if not k.endswith("k_proj.bias")), moved
-    for mode in ("ulysses", "allgather"):
+    # every parameter but the attention's key biases (no gradient in exact arithmetic) moves; BERT's
+    # initialisation (std 0.02) leaves the queries' and keys' updates small (~1e-5)
+    assert all(m > 1e-6 for k, m in moved.items() if not k.endswith("k_proj.bias")), moved
+    # one mode here (the default); tests/fairseq/test_roberta_sequence_parallel.py checks both, exactly
+    for mode in ("ulysses",):
         sp = _sgd(d, f"sgd_{mode}", 2, "--sequence-parallel-size", "2", "--sequence-parallel-mode", mode)
         errors = {k: (sp[k] - one[k]).abs().max().item() for k in one}
+        relative = {k: errors[k] / moved[k] for k in one if not k.endswith("k_proj.bias")}
         print(f"{mode}: max |SP 2 - 1 process| after one SGD update {max(errors.values()):.3g} "
-              f"(largest update {max(moved.values()):.3g})")
-        assert max(errors.values()) <= 1e-4, (mode, errors)
+              f"(largest update {max(moved.values()):.3g}); largest relative to the parameter's update "
+              f"{max(relative.values()):.3g}")
+        # fp32: a different summation order; a dropout mask differing anywhere gives errors of the
+        # update's size
+        assert max(errors.values()) <= 1e-6 and max(relative.values()) <= 1e-3, (mode, errors, relative)
 
 
 def test_sentence_prediction_refused_under_sequence_parallelism(corpus):
