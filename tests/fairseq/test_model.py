@@ -1,18 +1,16 @@
 """ls_transformer against fairseq's transformer: same state_dict, same logits and gradients (fp32,
 dropout 0), incremental decoding, beam search, checkpoint interchange, registration, bad options."""
-import argparse
-
 import pytest
 import torch
 
 from fairseq import checkpoint_utils  # noqa: F401
-from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_REGISTRY
 from fairseq.models.transformer import TransformerModel
 from fairseq.sequence_generator import SequenceGenerator
 from fairseq_lightseq.models.ls_transformer import ARCHITECTURES, LSTransformerModel
 from fairseq_lightseq.modules import multihead_attention
 
 from support.models import batch, build, make_task, pair
+from support.parity import assert_arch_defaults
 
 CONFIGS = {
     "post_ln_relu": {},
@@ -261,11 +259,7 @@ def test_dropout_reproducible_under_manual_seed():
 
 @pytest.mark.parametrize("ls_arch", list(ARCHITECTURES))
 def test_architectures_registered_with_fairseq_defaults(ls_arch):
-    assert ARCH_MODEL_REGISTRY[ls_arch] is LSTransformerModel
-    ours, theirs = argparse.Namespace(), argparse.Namespace()
-    ARCH_CONFIG_REGISTRY[ls_arch](ours)
-    ARCH_CONFIG_REGISTRY[ls_arch[3:]](theirs)
-    assert vars(ours) == vars(theirs)
+    assert_arch_defaults(ls_arch, LSTransformerModel)
 
 
 @pytest.mark.parametrize("option,value,message", [

@@ -1,15 +1,12 @@
 """Builders for the RoBERTa tests: tiny fairseq `roberta` / `ls_roberta` pairs with the same weights
 (classification heads too), and masked-LM batches as fairseq's masked_lm task makes them."""
-import argparse
-
 import torch
 
 import fairseq_lightseq  # noqa: F401  (registers ls_roberta)
-from fairseq.models import ARCH_CONFIG_REGISTRY
 from fairseq.models.roberta import RobertaModel
 from fairseq_lightseq.models.ls_roberta import LSRobertaModel
 
-from .models import FakeTask, make_dict
+from .models import FakeTask, arch_args, make_dict, perturb_
 
 TINY_ROBERTA = dict(encoder_embed_dim=16, encoder_ffn_embed_dim=24, encoder_layers=2, encoder_attention_heads=4,
                     dropout=0.0, attention_dropout=0.0, activation_dropout=0.0, max_positions=32)
@@ -22,32 +19,17 @@ def make_mlm_task(size: int = 37) -> FakeTask:
     return FakeTask(d, d)
 
 
-def roberta_args(arch: str = "roberta", **overrides) -> argparse.Namespace:
-    """The namespace fairseq-train makes for --arch `arch` (its arch function applied), TINY_ROBERTA and
-    `overrides` set first, as on the command line."""
-    args = argparse.Namespace(**{**TINY_ROBERTA, **overrides})
-    ARCH_CONFIG_REGISTRY[arch](args)
-    return args
-
-
 def build_roberta(cls, task, arch: str = "roberta", **overrides):
-    """cls: RobertaModel or LSRobertaModel; arch: fairseq's name (ls_ is added for ours)."""
+    """cls: RobertaModel or LSRobertaModel; arch: fairseq's name (ls_ is added for ours); TINY_ROBERTA
+    and `overrides` set before the arch function, as on the command line."""
     if cls is LSRobertaModel:
         arch = "ls_" + arch
-    return cls.build_model(roberta_args(arch, **overrides), task)
+    return cls.build_model(arch_args(TINY_ROBERTA, arch, **overrides), task)
 
 
 def perturb_roberta_(model, seed=0):
     """Random values everywhere (biases and norms too), the pad rows of the embeddings kept at zero."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(0.2 * torch.randn(p.shape, generator=g))
-        e = model.encoder.sentence_encoder
-        e.embed_tokens.weight[e.padding_idx].zero_()
-        if e.embed_positions is not None:
-            e.embed_positions.weight[e.padding_idx].zero_()
-    return model
+    return perturb_(model, seed, [model.encoder.sentence_encoder])
 
 
 def roberta_pair(task=None, arch: str = "roberta", seed=0, heads=(), **overrides):
