@@ -7,9 +7,10 @@ sample_size = their count) with the LM head's projection and the loss fused, so 
     loss = linear_label_smoothed_cross_entropy(hidden, lm_head.weight, target[masked], 0,
                                                bias=lm_head.bias, reduction="sum")
 
-The one device sync is fairseq's own: the boolean selection of the masked rows. A batch without
+One device sync, the masked rows' indices, shared by the features and the targets (fairseq's has two
+boolean selections, of the features and of the targets, and on the CPU an `.any()`). A batch without
 masked tokens selects no row and gives a zero loss and zero gradients (fairseq projects every token
-then, against all-pad targets: the same zeros); fairseq's CPU-only `.any()` check is not needed. Same
+then, against all-pad targets: the same zeros). Same
 option (--tpu: fairseq's criterion is used), logging output (loss, ntokens, nsentences, sample_size)
 and metrics as fairseq's masked_lm: it subclasses it and keeps reduce_metrics. A model whose LM head is
 not fairseq's RobertaLMHead or ours (LSRobertaLMHead) takes fairseq's forward.
@@ -49,8 +50,11 @@ class LsMaskedLmLoss(FusedLossMixin, MaskedLmLoss):
         target = self._target(model, net_output, sample)  # (SP: this rank's columns)
         masked = target.ne(self.padding_idx)
         sample_size = masked.int().sum()
-        hidden = lm_head_transform(head, features[masked])
-        loss, _, _ = self.fused_loss(hidden, head.weight, target[masked], bias=head.bias)
+        # the masked rows' flat indices: the one data-dependent size (a sync, as fairseq's boolean index)
+        rows = masked.view(-1).nonzero().squeeze(1)
+        features = features.reshape(-1, features.size(-1)).index_select(0, rows)
+        hidden = lm_head_transform(head, features)
+        loss, _, _ = self.fused_loss(hidden, head.weight, target.reshape(-1).index_select(0, rows), bias=head.bias)
         shard = net_output[1].get("sequence_parallel")
         first = shard is None or shard.rank == 0
         logging_output = {
