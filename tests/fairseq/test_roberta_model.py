@@ -132,3 +132,26 @@ def test_sequence_parallel_refusals(extra, message):
     args = {"sequence_parallel_size": 2, "distributed_world_size": 2, **extra}
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
         build_roberta(LSRobertaModel, make_mlm_task(), **args)
+
+
+def test_encoder_layers_to_keep_prunes_a_full_checkpoint_as_fairseq_does():
+    """fairseq's prune_state_dict (what loading with --encoder-layers-to-keep runs) maps layers 0 and 2
+    of a 3-layer checkpoint onto our 2-layer model, which then equals fairseq's pruned model."""
+    from fairseq.checkpoint_utils import prune_state_dict
+
+    from support.models import arch_args
+    from support.roberta import TINY_ROBERTA, perturb_roberta_
+
+    task = make_mlm_task()
+    full = perturb_roberta_(build_roberta(RobertaModel, task, encoder_layers=3))
+    models = []
+    for cls, arch in ((RobertaModel, "roberta"), (LSRobertaModel, "ls_roberta")):
+        args = arch_args({**TINY_ROBERTA, "arch": arch}, arch, encoder_layers=3, encoder_layers_to_keep="0,2")
+        model = cls.build_model(args, task)
+        model.load_state_dict(prune_state_dict(full.state_dict(), args), strict=True)
+        models.append(model.eval())
+    tokens = mlm_batch(task)[0]
+    real = tokens.ne(1).unsqueeze(-1)
+    with torch.no_grad():
+        assert len(models[1].encoder.sentence_encoder.layers) == 2
+        assert rel_err(models[1](tokens)[0] * real, models[0](tokens)[0] * real) < 1e-5
