@@ -9,9 +9,10 @@
 # validation and test accuracy. Both implementations get the same settings; only the model, criterion
 # and optimizer names differ (ls: ls_roberta, ls_masked_lm, ls_adam; native: roberta, masked_lm, adam).
 # Environment: PYTHON (python), PRETRAIN_UPDATES (1000), FINETUNE_UPDATES (300), MODEL (a tiny encoder:
-# 2 layers, width 64); CPU unless CPU="" is set.
+# 2 layers, width 64); CPU unless CPU="" is set; PRETRAINED=DIR skips the pretraining and fine-tunes from
+# DIR/pretrain/checkpoint_last.pt (an earlier run's OUT_DIR, e.g. for a shorter fine-tuning).
 set -euo pipefail
-if [ $# -lt 4 ]; then sed -n '2,13p' "$0" >&2; exit 2; fi
+if [ $# -lt 4 ]; then sed -n "2,15p" "$0" >&2; exit 2; fi
 IMPL=$1 SEED=$2 DATA=$3 OUT=$4
 shift 4
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -34,10 +35,15 @@ COMMON=(--user-dir "$USER_DIR" --arch "$ARCH" --optimizer "$OPT" $MODEL --seed "
         --attention-dropout 0.1 --lr-scheduler polynomial_decay --no-epoch-checkpoints --log-format json
         --log-interval 50 --max-positions 128 --skip-invalid-size-inputs-valid-test)
 
+PRETRAINED=${PRETRAINED:-}
+if [ -n "$PRETRAINED" ]; then
+    [ "$PRETRAINED" -ef "$OUT" ] || { rm -rf "$OUT/pretrain"; cp -r "$PRETRAINED/pretrain" "$OUT/pretrain"; }
+else
 "$BIN/fairseq-train" "$DATA/mlm-bin" --task masked_lm --criterion "$MLM" "${COMMON[@]}" \
     --tokens-per-sample 126 --sample-break-mode eos --max-tokens 2048 --lr 2e-3 --warmup-updates 100 \
     --total-num-update "$PRETRAIN_UPDATES" --max-update "$PRETRAIN_UPDATES" --validate-interval-updates 250 \
     --save-dir "$OUT/pretrain" "$@" 2>&1 | tee "$OUT/pretrain/train.log" >/dev/null
+fi
 
 "$BIN/fairseq-train" "$DATA/cls-bin" --task sentence_prediction --criterion sentence_prediction --num-classes 2 \
     --init-token 0 --separator-token 2 "${COMMON[@]}" --batch-size 32 --lr 5e-4 \
