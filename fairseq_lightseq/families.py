@@ -10,12 +10,14 @@ from typing import Callable, Dict, NamedTuple, Optional
 
 from fairseq.criterions.cross_entropy import CrossEntropyCriterion
 from fairseq.criterions.label_smoothed_cross_entropy import LabelSmoothedCrossEntropyCriterion
+from fairseq.criterions.masked_lm import MaskedLmLoss
 from fairseq.models.transformer_lm import TransformerLanguageModelConfig
 from fairseq.optim.adam import FairseqAdam
 
 from .criterions.ls_cross_entropy import LsCrossEntropyCriterion
 from .criterions.ls_label_smoothed_cross_entropy import LsLabelSmoothedCrossEntropyCriterion
-from .models import ls_transformer, ls_transformer_lm
+from .criterions.ls_masked_lm import LsMaskedLmLoss
+from .models import ls_roberta, ls_transformer, ls_transformer_lm
 from .models.common import check_supported
 from .optim.ls_adam import LSAdam
 
@@ -27,7 +29,8 @@ class Family(NamedTuple):
     architectures: our arch names (ls_<fairseq arch>) -> fairseq's arch functions; criterion / native_criterion:
     the pair a user switches (the recipe's default); native_config: the dataclass fairseq registers its
     model with, if any (its checkpoints then record cfg.model as a plain dict of these fields, which
-    torch's safe loader reads without any allowlist; ours, a legacy model, record an argparse Namespace)."""
+    torch's safe loader reads without any allowlist; ours, a legacy model, record an argparse Namespace);
+    checker: the model's own option check, if it has more refusals than check_supported's."""
 
     task: str
     model: str
@@ -36,10 +39,14 @@ class Family(NamedTuple):
     criterion: str
     native_criterion: str
     native_config: Optional[type] = None
+    checker: Optional[Callable] = None
 
     def check(self, args) -> None:
         """Raise ValueError naming an option of `args` our model of this family does not implement."""
-        check_supported(args, self.model, self.native)
+        if self.checker is not None:
+            self.checker(args)
+        else:
+            check_supported(args, self.model, self.native)
 
 
 FAMILIES = {
@@ -48,6 +55,9 @@ FAMILIES = {
     "language_model": Family("language_modeling", "ls_transformer_lm", "transformer_lm",
                              ls_transformer_lm.ARCHITECTURES, "ls_cross_entropy", "cross_entropy",
                              TransformerLanguageModelConfig),
+    # pretraining; fine-tuning is fairseq's sentence_prediction task and criterion on the same model
+    "masked_lm": Family("masked_lm", "ls_roberta", "roberta", ls_roberta.ARCHITECTURES, "ls_masked_lm",
+                        "masked_lm", checker=ls_roberta.check),
 }
 
 # (fairseq's registry name, ours), (fairseq's class name, ours) — the class names are what fairseq records
@@ -56,6 +66,7 @@ CRITERIA = [
     (("label_smoothed_cross_entropy", "ls_label_smoothed_cross_entropy"),
      (LabelSmoothedCrossEntropyCriterion.__name__, LsLabelSmoothedCrossEntropyCriterion.__name__)),
     (("cross_entropy", "ls_cross_entropy"), (CrossEntropyCriterion.__name__, LsCrossEntropyCriterion.__name__)),
+    (("masked_lm", "ls_masked_lm"), (MaskedLmLoss.__name__, LsMaskedLmLoss.__name__)),
 ]
 OPTIMIZERS = [(("adam", "ls_adam"), (FairseqAdam.__name__, LSAdam.__name__))]
 

@@ -18,7 +18,9 @@ also take it. Under sequence parallelism it is the criterion that takes a rank's
 counts its share: the features (like the logits) are this rank's rows.
 
 A criterion class puts FusedLossMixin before fairseq's criterion and sets `eps`, `ignore_prefix_size`,
-`report_accuracy` and `LOGS_NLL` (whether fairseq's logging output has "nll_loss").
+`report_accuracy` and `LOGS_NLL` (whether fairseq's logging output has "nll_loss"). The masked LM
+(ls_masked_lm) has no decoder: it keeps its own forward (the LM head's masked rows, its projection's
+bias) and takes `fused_loss` and `_target` (a rank's target columns) from here.
 """
 from fairseq import utils
 from fairseq.models.transformer import TransformerDecoderBase
@@ -92,10 +94,16 @@ class FusedLossMixin:
         if weight is None:
             return (*self.compute_loss(model, net_output, sample, reduce=reduce), None, None)
         features, target = self.get_logits_and_target(model, net_output, sample)
+        return (*self.fused_loss(features, weight, target), target)
+
+    def fused_loss(self, features, weight, target, bias=None):
+        """(loss_sum, nll_sum, argmax [N] or None): the fused projection + loss of features [N, E] by
+        weight [V, E] (+ bias [V]) against target [N], pads ignored, with this criterion's eps and
+        --report-accuracy."""
         loss, nll_loss, *argmax = linear_label_smoothed_cross_entropy(
             features, weight, target, self.eps, ignore_index=self.padding_idx, reduction="sum",
-            return_argmax=self.report_accuracy)
-        return loss, nll_loss, argmax[0] if argmax else None, target
+            return_argmax=self.report_accuracy, bias=bias)
+        return loss, nll_loss, argmax[0] if argmax else None
 
     def _target(self, model, net_output, sample):
         """The target [B, T] int64, or under sequence parallelism this rank's columns of it (padded with

@@ -98,32 +98,41 @@ def _matmul_acc(a, b, acc):
     return a.to(acc) @ b.to(acc)
 
 
-def _chunks(hidden, weight, target, epsilon, ignore_index, rows, want_argmax, want_h, want_w):
-    """The shared chunk loop. Per chunk of `rows` rows: logits_c = hidden_c @ weight.T [rows, V] in
-    hidden's dtype, the loss kernel (loss, nll, lse per row), the row argmax when asked, and when a
+def _logits(h, wt, bias):
+    """One chunk's logits h @ wt (+ bias), [rows, V] in h's dtype: the bias added by the GEMM (addmm)."""
+    return h @ wt if bias is None else torch.addmm(bias, h, wt)
+
+
+def _chunks(hidden, weight, bias, target, epsilon, ignore_index, rows, want_argmax, want_h, want_w, want_b):
+    """The shared chunk loop. Per chunk of `rows` rows: logits_c = hidden_c @ weight.T (+ bias) [rows, V]
+    in hidden's dtype, the loss kernel (loss, nll, lse per row), the row argmax when asked, and when a
     gradient is asked the logits gradient of sum(loss) (the backward kernel with dloss = 1 per row,
-    FP16_GRAD_SCALE for fp16) turned into dhidden_c = dlogits_c @ weight and dweight += dlogits_c.T @
-    hidden_c. Only one chunk's logits and logits gradient exist at a time.
+    FP16_GRAD_SCALE for fp16) turned into dhidden_c = dlogits_c @ weight, dweight += dlogits_c.T @
+    hidden_c and dbias += the column sum of dlogits_c. Only one chunk's logits and logits gradient exist
+    at a time.
 
     Returns loss, nll, lse [N] (fp32; fp64 for fp64), argmax [N] int64 or None, and the gradients of
-    sum(loss): dhidden [N, d] and dweight [V, d], each fp32 (fp64 for fp64) or None when not asked."""
+    sum(loss): dhidden [N, d], dweight [V, d] and dbias [V], each fp32 (fp64 for fp64) or None when not
+    asked (dbias also when there is no bias)."""
     ops = _backend.ops()
     N = hidden.shape[0]
     stat = _stat_dtype(hidden.dtype)
+    want_b = want_b and bias is not None
     loss, nll, lse = (hidden.new_empty((N,), dtype=stat) for _ in range(3))
     argmax = hidden.new_empty((N,), dtype=torch.int64) if want_argmax else None
     dhidden = hidden.new_empty(hidden.shape, dtype=stat) if want_h else None
     dweight = weight.new_zeros(weight.shape, dtype=stat) if want_w else None
+    dbias = weight.new_zeros(weight.shape[:1], dtype=stat) if want_b else None
     scale = FP16_GRAD_SCALE if hidden.dtype == torch.float16 else 1.0
     wt = weight.t()
     for s in range(0, N, rows):
         e = min(N, s + rows)
         h, t = hidden[s:e], target[s:e]
-        z = h @ wt
+        z = _logits(h, wt, bias)
         loss[s:e], nll[s:e], lse[s:e] = ops.label_smoothed_cross_entropy_fwd(z, t, epsilon, ignore_index)
         if argmax is not None:
             argmax[s:e] = z.argmax(1)
-        if want_h or want_w:
+        if want_h or want_w or want_b:
             dl = torch.full((e - s,), scale, dtype=stat, device=hidden.device)
             dz = ops.label_smoothed_cross_entropy_bwd(dl, torch.zeros_like(dl), z, t, lse[s:e], epsilon,
                                                       ignore_index)
@@ -135,12 +144,14 @@ def _chunks(hidden, weight, target, epsilon, ignore_index, rows, want_argmax, wa
                     dhidden[s:e] = _matmul_acc(dz, weight, stat)
             if want_w:
                 _accumulate(dweight, dz.t(), h)
+            if want_b:
+                dbias.add_(dz.sum(0, dtype=stat))
             del dz
     if scale != 1.0:
-        for g in (dhidden, dweight):
+        for g in (dhidden, dweight, dbias):
             if g is not None:
                 g.mul_(1.0 / scale)
-    return loss, nll, lse, argmax, dhidden, dweight
+    return loss, nll, lse, argmax, dhidden, dweight, dbias
 
 
 def _accumulate(acc, a, b):
@@ -162,37 +173,38 @@ def _scaled(grad, c, dtype):
 
 
 class LinearLabelSmoothedCrossEntropyFunction(torch.autograd.Function):
-    """reduction="none": (hidden [N, d], weight [V, d], target [N]) -> per-token (loss, nll) [N], and
-    the row argmax [N] int64 of the logits (empty unless asked).
+    """reduction="none": (hidden [N, d], weight [V, d], bias [V] or None, target [N]) -> per-token
+    (loss, nll) [N], and the row argmax [N] int64 of the logits (empty unless asked).
 
     Forward: `_chunks`, which also computes the gradients of sum(loss) (fp32). Backward: when dloss is a
     single value broadcast over the tokens (loss.sum() or a scaled sum) and nll gets no gradient, it
     scales the stored gradients. Otherwise (any per-token dloss, or a gradient through nll) it
     recomputes the chunks' logits and applies the actual per-token gradients (exact, one more matmul per
-    chunk), which is why hidden, weight, target and lse are saved too. The criterion uses
+    chunk), which is why hidden, weight, bias, target and lse are saved too. The criterion uses
     reduction="sum" (LinearLabelSmoothedCrossEntropySumFunction), which saves only the gradients.
     """
 
     @staticmethod
-    def forward(ctx, hidden, weight, target, epsilon, ignore_index, rows, want_argmax):
-        loss, nll, lse, argmax, dhidden, dweight = _chunks(hidden, weight, target, epsilon, ignore_index, rows,
-                                                           want_argmax, *ctx.needs_input_grad[:2])
-        ctx.save_for_backward(hidden, weight, target, lse, dhidden, dweight)
+    def forward(ctx, hidden, weight, bias, target, epsilon, ignore_index, rows, want_argmax):
+        loss, nll, lse, argmax, dhidden, dweight, dbias = _chunks(
+            hidden, weight, bias, target, epsilon, ignore_index, rows, want_argmax, *ctx.needs_input_grad[:3])
+        ctx.save_for_backward(hidden, weight, bias, target, lse, dhidden, dweight, dbias)
         ctx.args = (epsilon, ignore_index, rows)
         ctx.set_materialize_grads(False)
         return loss, nll, argmax if argmax is not None else target.new_empty((0,))
 
     @staticmethod
     def backward(ctx, dloss, dnll, _dargmax):
-        hidden, weight, target, lse, dhidden_1, dweight_1 = ctx.saved_tensors
-        need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        hidden, weight, bias, target, lse, dhidden_1, dweight_1, dbias_1 = ctx.saved_tensors
+        need_h, need_w, need_b = ctx.needs_input_grad[:3]
         none = (None,) * 5
         if dloss is None and dnll is None:
-            return (None, None) + none
+            return (None, None, None) + none
         if dnll is None and _is_uniform(dloss):
             c = dloss.reshape(-1)[:1] if dloss.numel() else dloss.new_zeros(1)
             return (_scaled(dhidden_1, c, hidden.dtype) if need_h else None,
-                    _scaled(dweight_1, c, weight.dtype) if need_w else None) + none
+                    _scaled(dweight_1, c, weight.dtype) if need_w else None,
+                    _scaled(dbias_1, c, bias.dtype) if need_b else None) + none
         # General per-token gradients: recompute each chunk's logits and apply them exactly.
         epsilon, ignore_index, rows = ctx.args
         ops = _backend.ops()
@@ -201,46 +213,47 @@ class LinearLabelSmoothedCrossEntropyFunction(torch.autograd.Function):
         dnll = torch.zeros_like(lse) if dnll is None else dnll.to(stat)
         dh = torch.empty_like(hidden) if need_h else None
         dw = torch.zeros(weight.shape, dtype=stat, device=weight.device) if need_w else None
+        db = torch.zeros(weight.shape[:1], dtype=stat, device=weight.device) if need_b else None
         wt = weight.t()
         for s in range(0, hidden.shape[0], rows):
             e = min(hidden.shape[0], s + rows)
             h = hidden[s:e]
-            dz = ops.label_smoothed_cross_entropy_bwd(dloss[s:e], dnll[s:e], h @ wt, target[s:e], lse[s:e],
-                                                      epsilon, ignore_index)
+            dz = ops.label_smoothed_cross_entropy_bwd(dloss[s:e], dnll[s:e], _logits(h, wt, bias), target[s:e],
+                                                      lse[s:e], epsilon, ignore_index)
             if need_h:
                 torch.matmul(dz, weight, out=dh[s:e])
             if need_w:
                 _accumulate(dw, dz.t(), h)
-        return (dh, dw.to(weight.dtype) if need_w else None) + none
+            if need_b:
+                db.add_(dz.sum(0, dtype=stat))
+        return (dh, dw.to(weight.dtype) if need_w else None, db.to(bias.dtype) if need_b else None) + none
 
 
 class LinearLabelSmoothedCrossEntropySumFunction(torch.autograd.Function):
-    """reduction="sum": (hidden [N, d], weight [V, d], target [N]) -> (loss_sum, nll_sum) scalars (fp32;
-    fp64 for fp64) and the row argmax [N] int64 of the logits (empty unless asked).
+    """reduction="sum": (hidden [N, d], weight [V, d], bias [V] or None, target [N]) -> (loss_sum,
+    nll_sum) scalars (fp32; fp64 for fp64) and the row argmax [N] int64 of the logits (empty unless asked).
 
-    The gradient is computed in forward (`_chunks`) and is the only thing saved: dhidden [N, d] and
-    dweight [V, d] in fp32 (fp64 for fp64), never the [N, V] logits, nor hidden or weight. Backward
-    returns g * dhidden and g * dweight in hidden's and weight's dtype, g being loss_sum's gradient (the
+    The gradient is computed in forward (`_chunks`) and is the only thing saved: dhidden [N, d], dweight
+    [V, d] and dbias [V] in fp32 (fp64 for fp64), never the [N, V] logits, nor hidden or weight. Backward
+    returns g * dhidden, g * dweight and g * dbias in the inputs' dtypes, g being loss_sum's gradient (the
     scalar fairseq's loss scaling multiplies in). nll_sum is not differentiable: fairseq only logs it.
     """
 
     @staticmethod
-    def forward(ctx, hidden, weight, target, epsilon, ignore_index, rows, want_argmax):
-        loss, nll, _, argmax, dhidden, dweight = _chunks(hidden, weight, target, epsilon, ignore_index, rows,
-                                                         want_argmax, *ctx.needs_input_grad[:2])
-        ctx.save_for_backward(dhidden, dweight)
-        ctx.dtypes = (hidden.dtype, weight.dtype)
+    def forward(ctx, hidden, weight, bias, target, epsilon, ignore_index, rows, want_argmax):
+        loss, nll, _, argmax, dhidden, dweight, dbias = _chunks(
+            hidden, weight, bias, target, epsilon, ignore_index, rows, want_argmax, *ctx.needs_input_grad[:3])
+        ctx.save_for_backward(dhidden, dweight, dbias)
+        ctx.dtypes = (hidden.dtype, weight.dtype, weight.dtype)
         nll_sum = nll.sum()
         ctx.mark_non_differentiable(nll_sum)
         return loss.sum(), nll_sum, argmax if argmax is not None else target.new_empty((0,))
 
     @staticmethod
     def backward(ctx, g, _dnll, _dargmax):
-        dhidden, dweight = ctx.saved_tensors
-        h_dtype, w_dtype = ctx.dtypes
-        dh = _scaled(dhidden, g, h_dtype) if dhidden is not None else None
-        dw = _scaled(dweight, g, w_dtype) if dweight is not None else None
-        return (dh, dw) + (None,) * 5
+        grads = tuple(_scaled(x, g, dtype) if x is not None else None
+                      for x, dtype in zip(ctx.saved_tensors, ctx.dtypes))
+        return grads + (None,) * 5
 
 
 _REDUCTIONS = ("none", "sum")
@@ -249,15 +262,16 @@ _REDUCTIONS = ("none", "sum")
 def linear_label_smoothed_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
                                         epsilon: float, ignore_index: int = -100,
                                         chunk_size: Optional[int] = None, reduction: str = "none",
-                                        return_argmax: bool = False):
-    """Same as label_smoothed_cross_entropy(hidden @ weight.T, target, ...), without materialising the
+                                        return_argmax: bool = False, bias: Optional[torch.Tensor] = None):
+    """Same as label_smoothed_cross_entropy(hidden @ weight.T + bias, target, ...), without materialising the
     [N, V] logits: rows are processed `chunk_size` at a time (default: CHUNK_ELEMENTS // V rows, at
     least 1), and the gradient of the loss is computed in forward, chunk by chunk, while each chunk's
     logits exist.
 
     hidden: [N, d] (the decoder's features); weight: [V, d] (the output projection's weight), same
-    dtype (fp32/fp16/bf16; CPU fp32/fp64/bf16); target: [N] int64, in [0, V) or ignore_index (those
-    rows add 0 to the loss and to the gradients).
+    dtype (fp32/fp16/bf16; CPU fp32/fp64/bf16); bias: None or [V], same dtype (RoBERTa's LM head has
+    one; each chunk's GEMM adds it, its gradient is the column sum of the chunk's logits gradient);
+    target: [N] int64, in [0, V) or ignore_index (those rows add 0 to the loss and to the gradients).
     reduction="none": (loss, nll) [N] float32 (float64 for float64 input), any upstream gradients
     (a uniform one, e.g. of loss.sum(), is served from the gradients computed in forward; per-token
     ones recompute the logits, so hidden and weight stay saved).
@@ -286,15 +300,20 @@ def linear_label_smoothed_cross_entropy(hidden: torch.Tensor, weight: torch.Tens
     if hidden.dtype != weight.dtype or hidden.device != weight.device:
         raise ValueError(f"linear_label_smoothed_cross_entropy: weight ({weight.dtype}, {weight.device}) must match "
                          f"hidden ({hidden.dtype}, {hidden.device})")
+    if bias is not None and (bias.shape != weight.shape[:1] or bias.dtype != weight.dtype
+                             or bias.device != weight.device):
+        raise ValueError(f"linear_label_smoothed_cross_entropy: bias must be [{weight.shape[0]}] of weight's dtype "
+                         f"and device, got {tuple(bias.shape)} {bias.dtype} {bias.device}")
     if not _backend.use_kernel(_FWD, hidden.device.type, hidden.dtype):
         return reference.linear_label_smoothed_cross_entropy(hidden, weight, target, epsilon, ignore_index,
-                                                             reduction=reduction, return_argmax=return_argmax)
+                                                             reduction=reduction, return_argmax=return_argmax,
+                                                             bias=bias)
     args = (float(epsilon), int(ignore_index), _chunk_rows(chunk_size, weight.shape[0]), bool(return_argmax))
-    if torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad):
+    if torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in (hidden, weight, bias)):
         fn = LinearLabelSmoothedCrossEntropySumFunction if reduction == "sum" else LinearLabelSmoothedCrossEntropyFunction
-        out = fn.apply(hidden, weight, target, *args)
+        out = fn.apply(hidden, weight, bias, target, *args)
     else:  # validation, decoding, a frozen model: the loss alone, chunk by chunk
-        loss, nll, _, argmax, _, _ = _chunks(hidden, weight, target, *args, False, False)
+        loss, nll, _, argmax, *_ = _chunks(hidden, weight, bias, target, *args, False, False, False)
         out = (loss.sum(), nll.sum()) if reduction == "sum" else (loss, nll)
         out += (argmax,)
     return out if return_argmax else out[:2]

@@ -14,7 +14,8 @@ import torch.distributed as dist
 from .groups import new_sequence_parallel_group
 from .sharding import MODES, SequenceParallel
 
-# The criteria that count a rank's share of the targets (the others would count every token P times).
+# The criteria that count a rank's share of the targets (the others would count every token P times), for
+# the models with a decoder; an encoder-only model passes its own (ls_roberta: ls_masked_lm).
 CRITERIA = ("ls_label_smoothed_cross_entropy", "ls_cross_entropy")
 
 
@@ -33,9 +34,10 @@ def size_and_mode(args):
     return (1 if size is None else int(size)), getattr(args, "sequence_parallel_mode", None) or "ulysses"
 
 
-def check(args, sides=("encoder", "decoder")) -> None:
+def check(args, sides=("encoder", "decoder"), criteria=CRITERIA) -> None:
     """Raise ValueError naming the option when sequence parallelism cannot run with these options.
-    sides: the stacks the model has (ulysses needs each one's head count divisible by P)."""
+    sides: the stacks the model has (ulysses needs each one's head count divisible by P); criteria: the
+    criteria that count a rank's share with this model."""
     P, mode = size_and_mode(args)
     if P < 1:
         raise ValueError(f"--sequence-parallel-size must be >= 1, got {P}")
@@ -55,7 +57,7 @@ def check(args, sides=("encoder", "decoder")) -> None:
         return getattr(args, name, default)
 
     refused = [
-        ("--criterion " + str(get("criterion")), get("criterion") not in (None, *CRITERIA)),
+        ("--criterion " + str(get("criterion")), get("criterion") not in (None, *criteria)),
         ("--ddp-backend " + str(get("ddp_backend")), get("ddp_backend") in ("fully_sharded", "slowmo")),
         ("--use-bmuf", bool(get("use_bmuf"))),
         ("--model-parallel-size " + str(get("model_parallel_size")), (get("model_parallel_size") or 1) > 1),
@@ -65,7 +67,7 @@ def check(args, sides=("encoder", "decoder")) -> None:
     ]
     for option, bad in refused:
         if bad:
-            extra = f" (it needs --criterion {' or '.join(CRITERIA)})" if option.startswith("--criterion") else ""
+            extra = f" (it needs --criterion {' or '.join(criteria)})" if option.startswith("--criterion") else ""
             raise ValueError(f"--sequence-parallel-size {P} does not support {option}{extra}")
     world = _world_size(args)
     if world % P:

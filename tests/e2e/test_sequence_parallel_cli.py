@@ -17,8 +17,8 @@ import sys
 import pytest
 import torch
 
-from support.cli import (BIN, by_hand, eval_lm, falls, free_port, generate, lm_train_args, make_data_bin,
-                         make_lm_data_bin, run, train_args)
+from support.cli import (BIN, by_hand, checkpoint_params, eval_lm, falls, free_port, generate, lm_train_args,
+                         make_data_bin, make_lm_data_bin, run, train_args)
 from support.recipe import train_inner
 
 pytestmark = pytest.mark.e2e
@@ -59,12 +59,6 @@ def _lm_args(data_bin, d, updates, *extra, blocks="eos", save=SAVE):
     return [*lm_train_args(data_bin, d, updates), *LM_BLOCKS[blocks], *DROPOUTS, *save, *extra]
 
 
-def _params(d):
-    state = torch.load(os.path.join(d, "checkpoint_last.pt"), map_location="cpu", weights_only=False)["model"]
-    # the parameters (not the float buffers fairseq stores: version, _float_tensor)
-    return {k: v.double() for k, v in state.items() if v.is_floating_point() and not k.endswith(("version", "_float_tensor"))}
-
-
 def _sgd(args_of, d, world, *extra):
     """One SGD update (lr 1, no momentum) with the arguments args_of(d, updates, *extra); returns the
     parameters after it."""
@@ -73,7 +67,7 @@ def _sgd(args_of, d, world, *extra):
         run(["fairseq-train", *args], cwd=str(d))
     else:
         by_hand(args, world, d)
-    return _params(d)
+    return checkpoint_params(d)
 
 
 def test_one_sgd_update_moves_parameters_as_one_process(family, tmp_path):

@@ -91,3 +91,26 @@ def test_main_reports_the_changes(tmp_path, capsys):
     assert "arch transformer -> ls_transformer" in out and "optimizer_name FairseqAdam -> LSAdam" in out
     assert "criterion" not in out
     assert torch.load(dst)["cfg"]["criterion"]["_name"] == "label_smoothed_cross_entropy"
+
+
+@pytest.mark.parametrize("arch,criterion,criterion_class,ls_criterion,ls_class", [
+    ("roberta_base", "masked_lm", "MaskedLmLoss", "ls_masked_lm", "LsMaskedLmLoss"),
+    ("roberta_prenorm", "sentence_prediction", "SentencePredictionCriterion", "sentence_prediction",
+     "SentencePredictionCriterion"),  # fine-tuning: fairseq's criterion on both sides
+])
+def test_roberta_names_both_ways(arch, criterion, criterion_class, ls_criterion, ls_class):
+    """The masked_lm family through the same table (fairseq_lightseq/families.py): no branch of its own."""
+    state = native_state()
+    model = state["cfg"]["model"]
+    model._name = model.arch = arch
+    model.criterion = state["cfg"]["criterion"]["_name"] = criterion
+    for h in state["optimizer_history"]:
+        h["criterion_name"] = criterion_class
+    convert_checkpoint.convert_state(state, "lightseq")
+    assert (model.arch, model._name, model.criterion, state["cfg"]["criterion"]["_name"]) == \
+        ("ls_" + arch, "ls_" + arch, ls_criterion, ls_criterion)
+    assert state["optimizer_history"][-1]["criterion_name"] == ls_class
+    convert_checkpoint.convert_state(state, "fairseq")
+    assert (model.arch, model.criterion, state["optimizer_history"][-1]["criterion_name"]) == \
+        (arch, criterion, criterion_class)
+    assert isinstance(state["cfg"]["model"], argparse.Namespace)  # a legacy model on both sides

@@ -1,6 +1,5 @@
 """ls_transformer against fairseq's transformer: same state_dict, same logits and gradients (fp32,
 dropout 0), incremental decoding, beam search, checkpoint interchange, registration, bad options."""
-
 import pytest
 import torch
 

@@ -4,7 +4,7 @@
 Every rank builds the same model (float64, all dropouts 0.1) and batches. It computes the unsharded
 reference itself (one process, the DP batches summed), then its sharded share through the criterion;
 the world all-reduce of the shares (what fairseq's DDP does) must give the reference's summed loss,
-nll, counts and every gradient to 1e-9 relative. Ranks run over gloo on the CPU: 2 processes (P=2)
+nll, counts and every gradient to 1e-9 relative (support.sp, shared with RoBERTa's SP tests). Ranks run over gloo on the CPU: 2 processes (P=2)
 and 4 (P=4, and 2 SP x 2 DP with different batches), one spawn per world size and family for all
 configurations.
 """
@@ -13,10 +13,10 @@ from typing import Callable, Dict, NamedTuple, Tuple
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from support.dist import run
 from support.models import TINY, batch, make_task, perturb_
+from support.sp import assert_sharded_equals_one_process
 
 DROPOUTS = {"dropout": 0.1, "attention_dropout": 0.1, "activation_dropout": 0.1}
 
@@ -116,56 +116,22 @@ def _stacks(model):
     return [m for m in (getattr(model, "encoder", None), model.decoder) if m is not None]
 
 
-def _step(model, criterion, sample, seed, train):
-    """(loss, nll, ntokens, nsentences, sample_size, {name: grad}) of one forward/backward (nll 0 for a
-    criterion that logs none)."""
-    model.zero_grad()
-    model.train(train)
-    torch.manual_seed(seed)
-    loss, sample_size, log = criterion(model, sample)
-    loss.backward()
-    grads = {n: p.grad.clone() if p.grad is not None else torch.zeros_like(p) for n, p in model.named_parameters()}
-    return torch.tensor([float(log["loss"]), float(log.get("nll_loss", 0.0)), log["ntokens"], log["nsentences"],
-                         sample_size], dtype=torch.float64), grads
-
-
 def _check_config(family, cfg, P, mode, shape, train=True):
-    """Asserts this rank's share, all-reduced, equals the single-process run; returns the largest
-    relative error of a gradient (max |SP - one| / max |one| over a tensor, for the tensors whose
-    gradient is not zero)."""
-    from fairseq_lightseq.sequence_parallel.groups import new_sequence_parallel_group
-    from fairseq_lightseq.sequence_parallel.sharding import SequenceParallel
-
+    """Asserts this rank's share, all-reduced, equals the single-process run (support.sp); returns the
+    largest relative error of a gradient."""
     fam = FAMILIES[family]
-    world = dist.get_world_size()
     task, model = fam.model(cfg)
-    criterion = fam.criterion(task)
-    g = new_sequence_parallel_group(P)
-    # the reference: one process, every data-parallel batch
-    ref_counts, ref_grads = 0, None
-    for d in range(world // P):
-        c, gr = _step(model, criterion, fam.sample(task, d, shape), 123, train)
-        ref_counts = ref_counts + c
-        ref_grads = gr if ref_grads is None else {n: ref_grads[n] + gr[n] for n in gr}
-    # this rank's share of its data-parallel batch
-    for m in _stacks(model):
-        m.sequence_parallel = SequenceParallel(g.group, P, g.rank, mode)
-    counts, grads = _step(model, criterion, fam.sample(task, g.index, shape), 123, train)
-    for m in _stacks(model):
-        m.sequence_parallel = None
-    dist.all_reduce(counts)
-    for gr in grads.values():
-        dist.all_reduce(gr)
-    where = f"{family} {cfg} P={P} {mode} shape={shape} train={train}"
-    torch.testing.assert_close(counts, ref_counts, rtol=1e-9, atol=1e-9, msg=lambda m: f"{where}: counts {m}")
-    worst = 0.0
-    for n, gr in grads.items():
-        torch.testing.assert_close(gr, ref_grads[n], rtol=1e-9, atol=1e-11, msg=lambda m: f"{where}: grad {n} {m}")
-        assert ref_grads[n].abs().sum() > 0 or "version" in n or n.endswith("padding"), f"{where}: {n} has no gradient"
-        scale = ref_grads[n].abs().max().item()
-        if scale > 1e-8:  # not the key biases' (zero in exact arithmetic: rounding noise)
-            worst = max(worst, (gr - ref_grads[n]).abs().max().item() / scale)
-    return worst
+
+    def attach(m, sp):
+        for stack in _stacks(m):
+            stack.sequence_parallel = sp
+
+    # ls_cross_entropy logs no nll_loss (fairseq's cross_entropy derives it)
+    log_keys = ("loss", "nll_loss", "ntokens", "nsentences") if family == "translation" else ("loss", "ntokens",
+                                                                                              "nsentences")
+    return assert_sharded_equals_one_process(model, attach, fam.criterion(task), lambda d: fam.sample(task, d, shape),
+                                             P, mode, f"{family} {cfg} P={P} {mode} shape={shape} train={train}",
+                                             log_keys, train=train)
 
 
 def _all_configs(family, sizes):

@@ -398,3 +398,66 @@ def test_linear_bad_reduction():
     h, w, t = _linear_inputs(4, 8, 13, torch.float32, "cpu")
     with pytest.raises(ValueError, match=r"reduction must be one of \('none', 'sum'\), got 'mean'"):
         ops.linear_label_smoothed_cross_entropy(h, w, t, 0.1, PAD, reduction="mean")
+
+
+# ---- linear_label_smoothed_cross_entropy(bias=...): RoBERTa's LM head projects with a bias ----
+
+def _run_biased(fn, h, w, b, target, reduction, dloss=None, **kw):
+    """(loss, nll, dh, dw, db) of fn(h, w, target, bias=b) after a uniform (x3) or per-token upstream grad."""
+    h, w, b = (x.detach().clone().requires_grad_() for x in (h, w, b))
+    loss, nll = fn(h, w, target, 0.1, PAD, reduction=reduction, bias=b, **kw)
+    (loss.sum() * 3.0 if dloss is None else (loss * dloss).sum()).backward()
+    return loss, nll, h.grad, w.grad, b.grad
+
+
+@pytest.mark.parametrize("device,dtype", DEVICE_DTYPES)
+@pytest.mark.parametrize("reduction,per_token", [("sum", False), ("none", False), ("none", True)])
+@pytest.mark.parametrize("chunk", [4, None])
+def test_linear_bias_matches_reference(device, dtype, reduction, per_token, chunk):
+    n, d, V = 11, 24, 129
+    h, w, target = _linear_inputs(n, d, V, dtype, device)
+    b = randn(V, dtype=dtype, device=device, seed=30)
+    dloss = randn(n, dtype=_stat(dtype), device=device, seed=31) if per_token else None
+    out = _run_biased(ops.linear_label_smoothed_cross_entropy, h, w, b, target, reduction, dloss, chunk_size=chunk)
+    ref = _run_biased(reference.linear_label_smoothed_cross_entropy, h, w, b, target, reduction, dloss)
+    low = dtype in (torch.float16, torch.bfloat16)
+    fp_tol = torch.float64 if dtype == torch.float64 else torch.float32
+    scale = 10 * n if reduction == "sum" else 10
+    assert_close(out[0], ref[0], dtype=dtype if low else fp_tol, scale=scale)
+    assert out[4].dtype == dtype
+    assert_close(out[2], ref[2], scale=4 * 3)
+    assert_close(out[3], ref[3], scale=4 * 3 * (n ** 0.5))
+    assert_close(out[4], ref[4], scale=4 * 3 * (n ** 0.5))  # a column sum over n rows
+
+
+def test_linear_bias_gradcheck_float64():
+    h, w, target = _linear_inputs(6, 5, 7, torch.float64, "cpu")
+    b = randn(7, dtype=torch.float64, seed=32)
+    h, w, b = (x.requires_grad_() for x in (h, w, b))
+    fn = ops.linear_label_smoothed_cross_entropy
+    # per-token upstream gradients (the recompute path), a scalar sum (stored gradients), reduction="sum"
+    assert torch.autograd.gradcheck(lambda h, w, b: fn(h, w, target, 0.1, PAD, chunk_size=4, bias=b), (h, w, b))
+    assert torch.autograd.gradcheck(lambda h, w, b: fn(h, w, target, 0.1, PAD, chunk_size=4, bias=b)[0].sum(),
+                                    (h, w, b))
+    for eps in (0.0, 0.1):
+        assert torch.autograd.gradcheck(
+            lambda h, w, b: fn(h, w, target, eps, PAD, chunk_size=4, reduction="sum", bias=b)[0], (h, w, b))
+
+
+def test_linear_bias_without_grad_and_empty_rows():
+    h, w, target = _linear_inputs(9, 8, 13, torch.float32, "cpu")
+    b = randn(13, seed=33)
+    with torch.no_grad():
+        loss, _ = ops.linear_label_smoothed_cross_entropy(h, w, target, 0.1, PAD, chunk_size=2, bias=b)
+    assert_close(loss, reference.linear_label_smoothed_cross_entropy(h, w, target, 0.1, PAD, bias=b)[0])
+    # no rows at all (a masked-LM batch without masked tokens): zero loss, zero gradients
+    loss, nll, dh, dw, db = _run_biased(ops.linear_label_smoothed_cross_entropy, h[:0], w, b, target[:0], "sum")
+    assert loss == 0 and nll == 0 and dh.shape == (0, 8) and torch.all(dw == 0) and torch.all(db == 0)
+
+
+def test_linear_bad_bias():
+    h, w, t = _linear_inputs(4, 8, 13, torch.float32, "cpu")
+    with pytest.raises(ValueError, match=r"bias must be \[13\]"):
+        ops.linear_label_smoothed_cross_entropy(h, w, t, 0.1, PAD, bias=torch.zeros(12))
+    with pytest.raises(ValueError, match=r"bias must be \[13\] of weight's dtype"):
+        ops.linear_label_smoothed_cross_entropy(h, w, t, 0.1, PAD, bias=torch.zeros(13, dtype=torch.float64))

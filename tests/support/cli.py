@@ -210,6 +210,15 @@ def by_hand(args, world: int, cwd, check=True, ddp_backend="legacy_ddp"):
     return run_ranks([[*common, "--distributed-rank", str(r)] for r in range(world)], str(cwd), check=check)
 
 
+def checkpoint_params(d):
+    """The parameters in d/checkpoint_last.pt as float64 (not the float buffers fairseq stores: version,
+    _float_tensor)."""
+    import torch
+
+    state = torch.load(os.path.join(d, "checkpoint_last.pt"), map_location="cpu", weights_only=False)["model"]
+    return {k: v.double() for k, v in state.items() if v.is_floating_point() and not k.endswith(("version", "_float_tensor"))}
+
+
 def make_lm_data_bin(d, n_train=300, n_valid=20, n_test=20):
     """A toy monolingual corpus (3 to 12 words over 12, a determiner first) binarised with
     fairseq-preprocess --only-source into d/bin, as the language_modeling task reads it; returns d/bin."""

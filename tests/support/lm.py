@@ -5,11 +5,10 @@ import argparse
 import torch
 
 import fairseq_lightseq  # noqa: F401  (registers ls_transformer_lm)
-from fairseq.models import ARCH_CONFIG_REGISTRY
 from fairseq.models.transformer_lm import TransformerLanguageModel
 from fairseq_lightseq.models.ls_transformer_lm import LSTransformerLanguageModel
 
-from .models import make_task
+from .models import arch_args, make_task, perturb_
 
 TINY_LM = dict(decoder_embed_dim=16, decoder_ffn_embed_dim=24, decoder_layers=2, decoder_attention_heads=4,
                dropout=0.0, attention_dropout=0.0, activation_dropout=0.0, tokens_per_sample=64)
@@ -18,10 +17,8 @@ TINY_LM = dict(decoder_embed_dim=16, decoder_ffn_embed_dim=24, decoder_layers=2,
 def lm_args(arch: str = "transformer_lm", **overrides) -> argparse.Namespace:
     """The namespace fairseq-train makes for --arch `arch` (fairseq's arch function applied) with
     TINY_LM and `overrides` set first, as on the command line."""
-    args = argparse.Namespace(**{**TINY_LM, **overrides})
     # fairseq's own --arch transformer_lm takes its dataclass's defaults (no arch function): ours sets the same
-    ARCH_CONFIG_REGISTRY["ls_transformer_lm" if arch == "transformer_lm" else arch](args)
-    return args
+    return arch_args(TINY_LM, "ls_transformer_lm" if arch == "transformer_lm" else arch, **overrides)
 
 
 def build_lm(cls, task, arch: str = "transformer_lm", **overrides):
@@ -33,15 +30,7 @@ def build_lm(cls, task, arch: str = "transformer_lm", **overrides):
 
 def perturb_lm_(model, seed=0):
     """Random values everywhere (biases and norms too), the pad rows of the embeddings kept at zero."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(0.2 * torch.randn(p.shape, generator=g))
-        d = model.decoder
-        d.embed_tokens.weight[d.padding_idx].zero_()
-        if d.embed_positions is not None and hasattr(d.embed_positions, "weight"):
-            d.embed_positions.weight[d.padding_idx].zero_()
-    return model
+    return perturb_(model, seed, [model.decoder])
 
 
 def lm_pair(task=None, arch: str = "transformer_lm", seed=0, **overrides):

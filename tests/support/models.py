@@ -39,14 +39,25 @@ def build(cls, task, **overrides):
     return cls.build_model(args, task)
 
 
-def perturb_(model, seed=0):
+def arch_args(defaults: dict, arch: str, **overrides) -> argparse.Namespace:
+    """The namespace fairseq-train makes for --arch `arch` (its arch function applied) with `defaults`
+    and `overrides` set first, as on the command line."""
+    from fairseq.models import ARCH_CONFIG_REGISTRY
+
+    args = argparse.Namespace(**{**defaults, **overrides})
+    ARCH_CONFIG_REGISTRY[arch](args)
+    return args
+
+
+def perturb_(model, seed=0, stacks=None):
     """Random values everywhere (biases and norms too, which init to 0/1), pad rows kept at zero as
-    fairseq's initialisation leaves them (and its padding_idx embeddings never update them)."""
+    fairseq's initialisation leaves them (and its padding_idx embeddings never update them).
+    stacks: the modules holding embed_tokens/embed_positions (default: the encoder and the decoder)."""
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
             p.add_(0.2 * torch.randn(p.shape, generator=g))
-        for m in (model.encoder, model.decoder):
+        for m in stacks if stacks is not None else (model.encoder, model.decoder):
             m.embed_tokens.weight[m.padding_idx].zero_()
             pos = m.embed_positions
             if pos is not None and hasattr(pos, "weight"):

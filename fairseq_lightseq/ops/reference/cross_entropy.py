@@ -1,6 +1,8 @@
 """Label-smoothed cross entropy with fairseq's formula, and its fusion with the output projection."""
 __all__ = ["label_smoothed_cross_entropy", "linear_label_smoothed_cross_entropy"]
 
+from typing import Optional
+
 import torch
 
 
@@ -25,12 +27,13 @@ def label_smoothed_cross_entropy(logits: torch.Tensor, target: torch.Tensor, eps
 
 def linear_label_smoothed_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
                                         epsilon: float, ignore_index: int = -100, reduction: str = "none",
-                                        return_argmax: bool = False):
-    """label_smoothed_cross_entropy(hidden @ weight.T, ...). hidden: [N, d]; weight: [V, d].
+                                        return_argmax: bool = False, bias: Optional[torch.Tensor] = None):
+    """label_smoothed_cross_entropy(hidden @ weight.T + bias, ...). hidden: [N, d]; weight: [V, d];
+    bias: None or [V].
 
     reduction="none": (loss, nll) [N]; "sum": (loss.sum(), nll.sum()) 0-dim, the nll sum without a
     gradient. return_argmax adds the logits' argmax over V per row, [N] int64."""
-    logits = hidden @ weight.t()
+    logits = hidden @ weight.t() if bias is None else hidden @ weight.t() + bias
     loss, nll = label_smoothed_cross_entropy(logits, target, epsilon, ignore_index)
     out = (loss.sum(), nll.sum().detach()) if reduction == "sum" else (loss, nll)
     return out + (logits.argmax(-1),) if return_argmax else out

@@ -1,0 +1,52 @@
+"""The sequence-parallel check every model family runs in its gloo ranks (support.dist.run): the
+unsharded reference computed by each rank itself (one process, every data-parallel batch summed), then
+this rank's sharded share through the criterion; the world all-reduce of the shares (what fairseq's
+DDP does) must give the reference's summed logging values, sample size and every gradient."""
+import torch
+import torch.distributed as dist
+
+
+def step(model, criterion, sample, seed, train, log_keys):
+    """([the logging values of log_keys..., sample_size] float64, {name: grad}) of one forward/backward
+    with torch's generator at `seed` (the dropout seed)."""
+    model.zero_grad()
+    model.train(train)
+    torch.manual_seed(seed)
+    loss, sample_size, log = criterion(model, sample)
+    loss.backward()
+    grads = {n: p.grad.clone() if p.grad is not None else torch.zeros_like(p) for n, p in model.named_parameters()}
+    return torch.tensor([float(log[k]) for k in log_keys] + [float(sample_size)], dtype=torch.float64), grads
+
+
+def assert_sharded_equals_one_process(model, attach, criterion, make_sample, P, mode, where, log_keys,
+                                      train=True, seed=123, no_grad_ok=("version", "padding")):
+    """attach(model, sequence_parallel or None) shards the model; make_sample(dp_index) gives the batch
+    of a data-parallel group. Relative tolerance 1e-9 (float64). Returns the largest relative error of a
+    gradient (max |SP - one| / max |one| over a tensor, for the tensors whose gradient is not zero)."""
+    from fairseq_lightseq.sequence_parallel.groups import new_sequence_parallel_group
+    from fairseq_lightseq.sequence_parallel.sharding import SequenceParallel
+
+    world = dist.get_world_size()
+    g = new_sequence_parallel_group(P)
+    ref_counts, ref_grads = 0, None
+    for d in range(world // P):
+        c, gr = step(model, criterion, make_sample(d), seed, train, log_keys)
+        ref_counts = ref_counts + c
+        ref_grads = gr if ref_grads is None else {n: ref_grads[n] + gr[n] for n in gr}
+    attach(model, SequenceParallel(g.group, P, g.rank, mode))
+    try:
+        counts, grads = step(model, criterion, make_sample(g.index), seed, train, log_keys)
+    finally:
+        attach(model, None)
+    dist.all_reduce(counts)
+    for gr in grads.values():
+        dist.all_reduce(gr)
+    torch.testing.assert_close(counts, ref_counts, rtol=1e-9, atol=1e-9, msg=lambda m: f"{where}: counts {m}")
+    worst = 0.0
+    for n, gr in grads.items():
+        torch.testing.assert_close(gr, ref_grads[n], rtol=1e-9, atol=1e-11, msg=lambda m: f"{where}: grad {n} {m}")
+        assert ref_grads[n].abs().sum() > 0 or any(k in n for k in no_grad_ok), f"{where}: {n} has no gradient"
+        scale = ref_grads[n].abs().max().item()
+        if scale > 1e-8:  # not the key biases' (zero in exact arithmetic: rounding noise)
+            worst = max(worst, (gr - ref_grads[n]).abs().max().item() / scale)
+    return worst
