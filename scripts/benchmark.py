@@ -9,23 +9,32 @@
     python scripts/benchmark.py --family lm --device cuda   # GPU: GPT-2-small widths, bf16, T=1024 and 4096
     python scripts/benchmark.py --family lm --host-overhead       # d=32, 12 layers, 1 thread
     python scripts/benchmark.py --family lm --activation-bytes    # base and GPT-2-small widths, T=512 and 2048
+    python scripts/benchmark.py --family roberta       # RoBERTa pretraining on CPU: roberta_base width, 4 layers, T=512
+    python scripts/benchmark.py --family roberta --device cuda    # GPU: roberta_base, bf16, T=512 at 16k tokens
+    python scripts/benchmark.py --family roberta --host-overhead  # d=32, 12 layers, 1 thread
+    python scripts/benchmark.py --family roberta --activation-bytes   # roberta_base and _large widths, T=512
     python scripts/benchmark.py --repo /path/to/other/checkout ...   # benchmark that tree's fairseq_lightseq
 
 Families (--family; bench_support/families.py is the one table: task, archs, the family's fairseq-train
 arguments, corpus, defaults): translation = ls_transformer vs transformer on a WMT-like corpus; lm =
 ls_transformer_lm vs transformer_lm (language_modeling, blocks of --seq-len T tokens, --sample-break-mode
 none, shared input/output embedding) on a synthetic text corpus binarized by fairseq-preprocess
---only-source. Every mode below runs for every family; "sentence"/"target tokens" mean the LM's blocks
-and predicted tokens.
+--only-source; roberta = ls_roberta_base vs roberta_base (masked_lm pretraining: the same corpus, the task
+adds <mask> and masks 15% of the tokens; blocks of exactly --seq-len T tokens, --sample-break-mode none;
+ls_masked_lm vs masked_lm). Every mode below runs for every family; "sentence"/"target tokens" mean the
+LM's blocks and predicted tokens, and RoBERTa's blocks and its input tokens: a family's tokens/s counts
+the task's own ntokens (families.py `tokens`: target tokens for translation and the LM, every input
+token, masked or not, for RoBERTa, the usual pretraining figure; the JSON key stays tgt_tokens_per_s).
 
 Method (throughput, the default mode):
 - Data: a synthetic corpus (translation: 1M WMT-like pairs, fixed 32k dictionary; lm: 200k lines of
   the same words, fixed 50264-entry dictionary; bench_support/corpus.py), made once and cached under
-  --cache-dir, or any --data-bin. For each --max-tokens (lm: at each --seq-len), a pool of --pool
+  --cache-dir, or any --data-bin (roberta: the lm's corpus). For each --max-tokens (lm, roberta: at each
+  --seq-len), a pool of --pool
   batches is drawn once from fairseq's own loader (get_batch_iterator: length-bucketed sentences or
   the LM's token blocks, shuffled with seed 1) and saved; every side trains on exactly these batches.
 - Sides (bench_support/sides.py): ls = the ls_ model + our criterion + ls_adam; fairseq = fairseq's
-  model + its criterion (label_smoothed_cross_entropy / cross_entropy) + fairseq's adam, as users run
+  model + its criterion (label_smoothed_cross_entropy / cross_entropy / masked_lm) + fairseq's adam, as users run
   it; fairseq_fused = the same with torch's fused AdamW registered by the benchmark
   (bench_support/fused_adamw.py).
 - Each side runs in its own process, in turns (round 1: ls, fairseq, fairseq_fused; round 2: the same
@@ -41,7 +50,8 @@ Method (throughput, the default mode):
   before its forward, at --memory-at tokens), host-device syncs per step, GPU-busy fraction.
 
 --host-overhead: d=32, FFN 64, 2 heads, the family's deep arch (translation: 6+6 layers, Transformer-big
-depth, dropout 0.3, --max-tokens 512; lm: 12 layers, GPT-2-small depth, dropout 0.1, 4 blocks of T=128),
+depth, dropout 0.3, --max-tokens 512; lm: 12 layers, GPT-2-small depth, dropout 0.1, 4 blocks of T=128; roberta: 12 layers, roberta_base
+depth, dropout 0.1, 4 blocks of T=128),
 one thread, a 1k-word corpus, so kernels do almost nothing and a step's time is host time:
 median ms per step of ls vs fairseq in turns, plus torch.profiler's top ops by self CPU time with calls
 per step, against the target ls <= 0.5x fairseq.
@@ -50,7 +60,8 @@ per step, against the target ls <= 0.5x fairseq.
 the first batch of a pool, ls vs fairseq (bench_support/saved_bytes.py says how storages are counted),
 against the target <= 0.6x: translation, --max-tokens 4096, Transformer-base and -big widths, 6+6
 layers; lm, --max-tokens 2048 at T = 512 and 2048 (4 blocks, 1 block), transformer_lm (6 layers) and
-GPT-2-small (12 layers) widths.
+GPT-2-small (12 layers) widths; roberta, --max-tokens 2048 at T = 512 (4 blocks), roberta_base (12 layers)
+and roberta_large (24 layers) widths.
 """
 import argparse
 import json
@@ -222,8 +233,8 @@ def throughput(a) -> dict:
           f"{'arch layers' if not a.layers else f'{a.layers} layers per stack'})"
           f"{'; extra: ' + a.extra if a.extra else ''}; sides {', '.join(a.sides)}; pool {a.pool} batches per "
           f"shape; warm-up {a.warmup} steps; {a.steps} timed steps per side in {a.rounds} rounds of "
-          f"{', '.join(str(e - s) for s, e in parts)}; repo {a.repo}", flush=True)
-    results = {"mode": "throughput", "family": a.family, "device": a.device, "arch_size": a.arch_size,
+          f"{', '.join(str(e - s) for s, e in parts)}; tok/s counts {a.fam.tokens}; repo {a.repo}", flush=True)
+    results = {"mode": "throughput", "family": a.family, "tokens": a.fam.tokens, "device": a.device, "arch_size": a.arch_size,
                "layers": a.layers, "extra": a.extra, "pool": a.pool, "warmup": a.warmup, "steps": a.steps,
                "rounds": a.rounds, "sides": a.sides, "data_bin": data_bin, "repo": a.repo, "precisions": {}}
     busy_at = "8192" if "8192" in labels else labels[0]
@@ -249,7 +260,7 @@ def throughput(a) -> dict:
         rows = {}
         for lb in labels:
             pool = pools[lb][1]
-            rows[lb] = {"pad_fraction": pad_fraction(pool),
+            rows[lb] = {"pad_fraction": pad_fraction(pool, masked=a.fam.masked),
                         **summarize(a.sides, runs, pool, a.steps, lb, lambda b: batch_flops(b, shape), peak)}
         for sh in extra_mem:
             lb = shape_label(*sh)
@@ -283,7 +294,8 @@ def print_throughput(prec, res, sides):
                   f"{r['skipped']:>5}  {', '.join(f'{x:.0f}' for x in r['per_round_tokens_per_s'])}",
                   flush=True)
         pf = row["pad_fraction"]
-        print(f"{mt:>10} pad fraction: src {pf['src']:.3f}, tgt {pf['tgt']:.3f}, all {pf['all']:.3f}", flush=True)
+        tgt = (f"masked {pf['masked']:.3f} of the real tokens" if pf["tgt"] is None else f"tgt {pf['tgt']:.3f}")
+        print(f"{mt:>10} pad fraction: src {pf['src']:.3f}, {tgt}, all {pf['all']:.3f}", flush=True)
     for mt, row in res["shapes"].items():
         for s in sides:
             r = row["sides"][s]
@@ -355,7 +367,7 @@ def host_overhead(a) -> dict:
                       flush=True)
     return {"mode": "host_overhead", "family": a.family, "shape": label, "data_bin": data_bin, "repo": a.repo,
             "steps": a.steps, "warmup": a.warmup, "rounds": a.rounds, "ls_over_base": ratio, "base": base,
-            "target": HOST_TARGET, **summary}
+            "target": HOST_TARGET, "tokens": a.fam.tokens, **summary}
 
 
 def activation_bytes(a) -> dict:
@@ -389,7 +401,7 @@ def activation_bytes(a) -> dict:
             row["ratio"] = row["ls"]["bytes"] / row["fairseq"]["bytes"]
             print(f"{size:<11}{label:>11} ls / fairseq {row['ratio']:.2f}x (target <= {ACT_TARGET}x: "
                   f"{'met' if row['ratio'] <= ACT_TARGET else 'NOT met'}); {row['ls']['src_tokens']} source + "
-                  f"{row['ls']['tgt_tokens']} target tokens", flush=True)
+                  f"{row['ls']['tgt_tokens']} {a.fam.tokens}", flush=True)
             out["sizes"][size][label] = row
     return out
 
@@ -423,28 +435,29 @@ def parse_args(argv=None):
                    "(default: the one holding this script)")
     p.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda if available, else cpu")
     p.add_argument("--data-bin", help="any fairseq data-bin of the family's task (translation: a joined "
-                   "dictionary; lm: one dict.txt) (default: the family's synthetic corpus)")
+                   "dictionary; lm, roberta: one dict.txt, without <mask>) (default: the family's synthetic corpus)")
     p.add_argument("--cache-dir", default=os.path.join(tempfile.gettempdir(), "fls_bench_cache"),
                    help="where the synthetic corpus is made once and reused (default: %(default)s)")
     p.add_argument("--corpus-size", "--corpus-pairs", type=int, dest="corpus_size",
-                   help="synthetic corpus size: sentence pairs (translation, default 1M) or lines (lm, default 200k)")
+                   help="synthetic corpus size: sentence pairs (translation, default 1M) or lines (lm, roberta: default 200k)")
     p.add_argument("--vocab", type=int, help="synthetic dictionary size incl. specials (default: 32000 "
-                   "translation, 50264 lm)")
+                   "translation, 50264 lm and roberta)")
     p.add_argument("--arch-size", choices=sorted({k for f in FAMILIES.values() for k in f.archs}),
                    help="translation: base | big (default: base on CPU, big on CUDA); lm: base (transformer_lm) | "
-                        "gpt2_small (transformer_lm_gpt: d 768, 12 layers) (default: base on CPU, gpt2_small on CUDA)")
-    p.add_argument("--layers", type=int, help="layers per stack (default on CPU: 2+2 translation, 4 lm; the "
+                        "gpt2_small (transformer_lm_gpt: d 768, 12 layers) (default: base on CPU, gpt2_small on CUDA); "
+                        "roberta: base (roberta_base) | large (roberta_large) (default: base)")
+    p.add_argument("--layers", type=int, help="layers per stack (default on CPU: 2+2 translation, 4 lm and roberta; the "
                    "arch's on CUDA and for --host-overhead / --activation-bytes)")
     p.add_argument("--precision", type=strs, help="comma list of fp32,fp16,bf16 (default: fp32 on CPU; fp16 "
-                   "translation, bf16 lm on CUDA)")
+                   "translation, bf16 lm and roberta on CUDA)")
     p.add_argument("--max-tokens", type=ints, help="comma list (translation: 1024 on CPU, 8192 on CUDA, "
                    "--host-overhead 512, --activation-bytes 4096; lm: 1024 on CPU, 16384 on CUDA, "
-                   "--host-overhead 512, --activation-bytes 2048)")
-    p.add_argument("--seq-len", type=ints, help="lm: comma list of block lengths T (--tokens-per-sample), each "
-                   "timed at every --max-tokens (default: 512 on CPU, 1024,4096 on CUDA, --host-overhead 128, "
-                   "--activation-bytes 512,2048)")
+                   "--host-overhead 512, --activation-bytes 2048; roberta: as lm)")
+    p.add_argument("--seq-len", type=ints, help="lm, roberta: comma list of block lengths T (--tokens-per-sample), each "
+                   "timed at every --max-tokens (default lm: 512 on CPU, 1024,4096 on CUDA, --host-overhead 128, "
+                   "--activation-bytes 512,2048; roberta: 512, --host-overhead 128)")
     p.add_argument("--sweep", action="store_true", help="CUDA: --max-tokens 4096,8192,16384,32768 "
-                   "(lm: 8192,16384,32768)")
+                   "(lm, roberta: 8192,16384,32768)")
     p.add_argument("--pool", type=int, default=100, help="batches per pool (default: %(default)s)")
     p.add_argument("--warmup", type=int, help="untimed steps over the pool per process (default: 50 on CUDA, "
                    "5 on CPU, 20 for --host-overhead)")
@@ -454,7 +467,7 @@ def parse_args(argv=None):
     p.add_argument("--sides", type=strs, help="comma list of ls,fairseq,fairseq_fused (default: all three; "
                    "--host-overhead: ls,fairseq)")
     p.add_argument("--memory-at", type=ints, help="CUDA: max-tokens at which to measure activation memory "
-                   "(lm: at every --seq-len) (default: 8192,32768 translation, 16384 lm)")
+                   "(lm, roberta: at every --seq-len) (default: 8192,32768 translation, 16384 lm and roberta)")
     p.add_argument("--no-syncs", action="store_true", help="CUDA: skip counting host-device syncs")
     p.add_argument("--peak-tflops", type=float, help="device peak for MFU when not in the table (or on CPU)")
     p.add_argument("--threads", type=int, help="torch threads in the children (default: torch's)")
@@ -464,7 +477,7 @@ def parse_args(argv=None):
     p.add_argument("--ops-steps", type=int, default=20, help="--host-overhead: profiled steps")
     p.add_argument("--ops-top", type=int, default=15, help="--host-overhead: ops listed per side")
     p.add_argument("--act-sizes", type=strs, help="--activation-bytes widths (default: base,big translation, "
-                   "base,gpt2_small lm)")
+                   "base,gpt2_small lm, base,large roberta)")
     p.add_argument("--ls-attention", choices=["auto", "sdpa"], default="auto",
                    help="--activation-bytes: ls attention path; sdpa = the GPU's (torch's fused attention, "
                         "as fairseq's side runs it on the CPU too), auto = the device's (explicit on CPU)")

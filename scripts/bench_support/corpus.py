@@ -147,11 +147,16 @@ def draw_pool(args_list, n: int):
     return [pool[i % len(pool)] for i in range(n)]
 
 
-def pad_fraction(pool, pad: int = 1) -> dict:
-    """Padding share of the token slots the model computes: src [B, S_max] and tgt [B, T_max]."""
+def pad_fraction(pool, pad: int = 1, masked: bool = False) -> dict:
+    """Padding share of the token slots the model computes: src [B, S_max] and tgt [B, T_max]. With
+    masked targets (masked_lm: pad except at the masked positions) the target has no padding of its
+    own: tgt is None, all is the source's, and masked is the share of real source tokens masked."""
     src_slots = sum(s["net_input"]["src_tokens"].numel() for s in pool)
-    tgt_slots = sum(s["target"].numel() for s in pool)
     src_real = sum(int(s["net_input"]["src_lengths"].sum()) for s in pool)
     tgt_real = sum(int((s["target"] != pad).sum()) for s in pool)
+    if masked:
+        return {"src": 1 - src_real / src_slots, "tgt": None, "all": 1 - src_real / src_slots,
+                "masked": tgt_real / src_real}
+    tgt_slots = sum(s["target"].numel() for s in pool)
     return {"src": 1 - src_real / src_slots, "tgt": 1 - tgt_real / tgt_slots,
             "all": 1 - (src_real + tgt_real) / (src_slots + tgt_slots)}

@@ -16,6 +16,12 @@ table (fairseq_lightseq/families.py, `library`); the rest is the benchmark's:
                 batches are blocks of T tokens (--seq-len T, the LM's --tokens-per-sample, break mode none)
     data_bin    (cache_dir, n, vocab) -> data-bin path, the synthetic corpus (corpus.py)
     defaults    per mode and device: arch size, layers, max-tokens, seq-len, precision, corpus size, ...
+    tokens      what a batch's ntokens counts, i.e. the tokens of the reported tokens/s (the task's own
+                count: fairseq's translation and language_modeling count target tokens, masked_lm every
+                input token, masked or not, the usual pretraining figure)
+    masked      the targets are pad except at the masked positions (masked_lm): the pad fraction is the
+                source's, with the masked share of the real tokens next to it; the LM head's FLOPs are
+                counted on the masked rows only (the rows both sides project)
 """
 from typing import Callable, Dict, NamedTuple, Optional, Tuple
 
@@ -31,6 +37,8 @@ class BenchFamily(NamedTuple):
     seq_len: Optional[str]
     data_bin: Callable[[str, int, int], str]
     defaults: dict
+    tokens: str = "target tokens"
+    masked: bool = False
 
 
 TINY = {"embed-dim": 32, "ffn-embed-dim": 64, "attention-heads": 2}  # --host-overhead's width
@@ -71,6 +79,29 @@ FAMILIES = {
             "host": {"arch_size": "gpt2_small", "layers": None, "max_tokens": [512], "seq_len": [128]},
             "act": {"sizes": ["base", "gpt2_small"], "layers": None, "max_tokens": [2048], "seq_len": [512, 2048]},
         }),
+    # RoBERTa pretraining: ls_roberta_* + ls_masked_lm vs roberta_* + masked_lm on the LM's synthetic corpus
+    # (the masked_lm task adds <mask> to its dictionary and masks 15% of the tokens, 80/10/10, seeded).
+    # Blocks of exactly T tokens (break mode none: T - 1 corpus tokens and <s>), so every batch has one
+    # shape; fairseq's RoBERTa recipe breaks at sentence ends (complete), which pads the blocks instead.
+    "roberta": BenchFamily(
+        library="masked_lm",
+        archs={"base": "roberta_base", "large": "roberta_large"},
+        stacks=("encoder",),
+        embed_dims=(),
+        task_args=("--sample-break-mode", "none"),
+        seq_len="tokens-per-sample",
+        data_bin=synthetic_lm_data_bin,
+        defaults={
+            "corpus": 200_000, "vocab": 50264,  # + <mask> = RoBERTa's 50265 entries
+            "cpu": {"arch_size": "base", "layers": 4, "max_tokens": [1024], "seq_len": [512],
+                    "precision": ["fp32"]},
+            "cuda": {"arch_size": "base", "layers": None, "max_tokens": [16384], "seq_len": [512],
+                     "precision": ["bf16"], "sweep": [8192, 16384, 32768], "memory_at": [16384]},
+            "host": {"arch_size": "base", "layers": None, "max_tokens": [512], "seq_len": [128]},
+            "act": {"sizes": ["base", "large"], "layers": None, "max_tokens": [2048], "seq_len": [512]},
+        },
+        tokens="input tokens (all, masked or not)",
+        masked=True),
 }
 
 

@@ -6,6 +6,10 @@ FLOPs of one training step (forward + backward = 3 x forward, 2 FLOPs per multip
 with s, t each sentence's non-pad source/target length (the attention term is QK^T and PV, counted on the
 full t x t square in the decoder as the kernels compute it). A decoder-only model (the LM) has no encoder
 layers and no source: 6 x (decoder-layer params + output projection) x tokens + 12 x d x layers x sum t^2.
+An encoder-only model (RoBERTa) has no decoder layers; its "output projection" is the masked-LM head
+(dense d x d + the tied d x V projection), applied to the masked rows only, and t is the masked count
+(its target is pad elsewhere): 6 x (encoder-layer params x tokens + head params x masked tokens)
++ 12 x d x layers x sum s^2.
 Embedding lookups are not matmuls and are not counted. Padding slots are not counted either: MFU measures useful work.
 """
 import re
@@ -28,13 +32,23 @@ def device_peak_tflops(device_name: str, precision: str, override=None):
 
 def model_shape(model) -> dict:
     """Parameter counts that one token touches, from a built fairseq (or ls) model of any family
-    (a decoder-only model has no encoder: 0 encoder layers)."""
-    enc = model.encoder.layers if getattr(model, "encoder", None) is not None else []
-    dec = model.decoder.layers
-    emb = model.decoder.embed_tokens.weight
+    (a decoder-only model has no encoder: 0 encoder layers; an encoder-only one, RoBERTa, no decoder
+    and its LM head as the output projection)."""
+    encoder = getattr(model, "encoder", None)
+    decoder = getattr(model, "decoder", None)
+    head = getattr(encoder, "lm_head", None)
+    if head is not None:  # RoBERTa: the sentence encoder inside, the head's dense layer + tied projection
+        encoder = encoder.sentence_encoder
+        emb = encoder.embed_tokens.weight
+        out_proj = emb.numel() + head.dense.weight.numel()
+    else:
+        emb = decoder.embed_tokens.weight
+        out_proj = emb.numel()
+    enc = encoder.layers if encoder is not None else []
+    dec = decoder.layers if decoder is not None else []
     return {"enc_layer_params": sum(p.numel() for p in enc.parameters()) if enc else 0,
-            "dec_layer_params": sum(p.numel() for p in dec.parameters()), "out_proj_params": emb.numel(),
-            "embed_dim": emb.shape[1], "enc_layers": len(enc), "dec_layers": len(dec)}
+            "dec_layer_params": sum(p.numel() for p in dec.parameters()) if dec else 0,
+            "out_proj_params": out_proj, "embed_dim": emb.shape[1], "enc_layers": len(enc), "dec_layers": len(dec)}
 
 
 def batch_flops(sample, shape: dict, pad: int = 1) -> float:

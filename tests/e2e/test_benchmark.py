@@ -1,6 +1,6 @@
 """scripts/benchmark.py run tiny through its command line, each mode once per model family: throughput
 (sides in turns on pools from fairseq's loader), --host-overhead and --activation-bytes, for translation
-and for the LM (--family lm). The numbers are not judged (tiny models on a shared CPU); what is checked
+for the LM (--family lm) and for RoBERTa's masked-LM pretraining (--family roberta). The numbers are not judged (tiny models on a shared CPU); what is checked
 is the method: every side trains on the identical step list, the reported ratios are the ones the
 per-step times give, MFU uses the given peak and the family's FLOPs. Marked `e2e`."""
 import json
@@ -19,6 +19,8 @@ TINY = "--encoder-embed-dim 32 --decoder-embed-dim 32 --encoder-ffn-embed-dim 64
 TINY_LM = "--decoder-embed-dim 32 --decoder-input-dim 32 --decoder-output-dim 32 --decoder-ffn-embed-dim 64 " \
           "--decoder-attention-heads 2"  # input/output dims too: fairseq's transformer_lm keeps 512 otherwise
 LM_CORPUS = ["--family", "lm", "--corpus-size", "2000", "--vocab", "104"]  # one cached data-bin for every LM test
+TINY_RB = "--encoder-embed-dim 32 --encoder-ffn-embed-dim 64 --encoder-attention-heads 2"
+RB_CORPUS = ["--family", "roberta", "--corpus-size", "2000", "--vocab", "104"]  # the LM's data-bin (same builder)
 
 
 def bench(tmp_path, name, *args, cache=None):
@@ -141,6 +143,59 @@ def test_lm_activation_bytes_at_each_block_length(tmp_path, lm_cache):
         assert row["ratio"] == pytest.approx(row["ls"]["bytes"] / row["fairseq"]["bytes"])
     # the explicit attention's [B, H, T, T] grows with T at a fixed token count: more bytes at T = 128
     assert rows["128@T128"]["fairseq"]["bytes"] > rows["128@T32"]["fairseq"]["bytes"]
+    assert "target <= 0.6x" in log
+
+
+def test_roberta_throughput_counts_input_tokens_and_masked_head_flops(tmp_path, lm_cache):
+    res, log = bench(tmp_path, "rb_tp", *RB_CORPUS, "--layers", "1", "--extra", TINY_RB, "--max-tokens", "256",
+                     "--seq-len", "64", "--pool", "3", "--warmup", "1", "--steps", "4", "--rounds", "2",
+                     "--sides", "ls,fairseq,fairseq_fused", "--peak-tflops", "2.0", "--threads", "1", cache=lm_cache)
+    assert res["family"] == "roberta" and res["tokens"].startswith("input tokens")
+    prec = res["precisions"]["fp32"]
+    shape = prec["model"]
+    assert shape["enc_layers"] == 1 and shape["dec_layers"] == 0 and shape["embed_dim"] == 32
+    # the LM head: the dense d x d layer and the tied projection (104 words + <mask>)
+    assert shape["out_proj_params"] == 32 * 32 + 105 * 32
+    row = prec["shapes"]["256@T64"]
+    sides = row["sides"]
+    assert set(sides) == {"ls", "fairseq", "fairseq_fused"}
+    assert len({s["target_checksum"] for s in sides.values()}) == 1
+    tokens = row["step_tgt_tokens"]
+    # blocks of exactly T = 64 input tokens (<s> + 63), 4 of them at 256 tokens: tok/s counts them all
+    assert tokens == [256, 256, 256, 256]
+    pf = row["pad_fraction"]
+    assert pf["src"] == 0 and pf["tgt"] is None and 0.05 < pf["masked"] < 0.3
+    # the head's FLOPs are on the masked rows (not in the JSON per step): between none and all of the rows
+    dense_all = sum(6.0 * (shape["enc_layer_params"] + shape["out_proj_params"]) * n + 12.0 * 32 * n * 64
+                    for n in tokens)
+    dense_none = sum(6.0 * shape["enc_layer_params"] * n + 12.0 * 32 * n * 64 for n in tokens)
+    for s in sides.values():
+        flops = s["tflops_per_s"] * 1e12 * sum(s["step_ms"]) / 1e3
+        assert dense_none < flops < dense_all
+        assert s["mfu"] == pytest.approx(s["tflops_per_s"] / 2.0)
+        assert s["tgt_tokens_per_s"] == pytest.approx(sum(tokens) / (sum(s["step_ms"]) / 1e3), rel=1e-9)
+    assert sides["fairseq"]["ls_speedup_sum"] == pytest.approx(
+        sum(sides["fairseq"]["step_ms"]) / sum(sides["ls"]["step_ms"]))
+    assert "masked" in log and "tok/s counts input tokens" in log
+
+
+def test_roberta_host_overhead_profiles_both_sides(tmp_path, lm_cache):
+    res, log = bench(tmp_path, "rb_host", "--family", "roberta", "--host-overhead", "--host-pairs", "2000",
+                     "--host-vocab", "104", "--max-tokens", "128", "--seq-len", "32", "--pool", "2", "--warmup", "1",
+                     "--steps", "2", "--rounds", "1", "--ops-steps", "1", cache=lm_cache)
+    assert res["family"] == "roberta" and res["shape"] == "128@T32"
+    for s in res["sides"].values():
+        assert s["ops"]["backward_nodes_per_step"] > 10
+    assert "roberta_base depth" in log and "target <= 0.5x" in log
+
+
+def test_roberta_activation_bytes(tmp_path, lm_cache):
+    res, log = bench(tmp_path, "rb_act", *RB_CORPUS, "--activation-bytes", "--act-sizes", "base", "--layers", "1",
+                     "--max-tokens", "128", "--seq-len", "64", "--extra", TINY_RB, cache=lm_cache)
+    row = res["sizes"]["base"]["128@T64"]
+    assert row["ls"]["batch"] == row["fairseq"]["batch"] == [2, 64]
+    assert row["ls"]["tgt_tokens"] == 128  # ntokens: every input token
+    assert row["ratio"] == pytest.approx(row["ls"]["bytes"] / row["fairseq"]["bytes"])
     assert "target <= 0.6x" in log
 
 

@@ -86,7 +86,7 @@ def test_fused_adamw_baseline_steps_like_fairseq_adam():
         assert (p - p0).abs().mean() > 5e-4  # the step did move them (lr 1e-3)
 
 
-@pytest.mark.parametrize("family", ["translation", "lm"])
+@pytest.mark.parametrize("family", ["translation", "lm", "roberta"])
 @pytest.mark.parametrize("side", ["ls", "fairseq", "fairseq_fused"])
 def test_every_family_gives_each_side_its_model_criterion_and_optimizer(family, side):
     """bench_support/families.py is the benchmark's one table: each family's sides parse with fairseq's
@@ -109,8 +109,11 @@ def test_every_family_gives_each_side_its_model_criterion_and_optimizer(family, 
     assert ns.task == lib.task and ns.arch == ("ls_" if ours else "") + fam.archs["base"]
     assert ns.criterion == (lib.criterion if ours else lib.native_criterion)
     assert ns.optimizer == {"ls": "ls_adam", "fairseq": "adam", "fairseq_fused": "bench_fused_adamw"}[side]
-    assert ns.max_tokens == 1024 and ns.decoder_layers == 3 and ns.decoder_embed_dim == 32
+    assert ns.max_tokens == 1024
+    for stack in fam.stacks:
+        assert getattr(ns, f"{stack}_layers") == 3 and getattr(ns, f"{stack}_embed_dim") == 32
+    for dim in fam.embed_dims:
+        assert getattr(ns, dim.replace("-", "_")) == 32
     if fam.seq_len:
-        assert ns.tokens_per_sample == 512 and ns.decoder_input_dim == ns.decoder_output_dim == 32
-    else:
-        assert ns.encoder_layers == 3 and ns.encoder_embed_dim == 32
+        assert ns.tokens_per_sample == 512
+    assert fam.stacks == {"translation": ("encoder", "decoder"), "lm": ("decoder",), "roberta": ("encoder",)}[family]
