@@ -123,14 +123,15 @@ def test_lm_throughput_sides_train_on_the_same_blocks(tmp_path, lm_cache):
     assert "256@T64" in log
 
 
-def test_lm_host_overhead_profiles_both_sides(tmp_path, lm_cache):
-    res, log = bench(tmp_path, "lm_host", "--family", "lm", "--host-overhead", "--host-pairs", "2000",
+@pytest.mark.parametrize("family,depth", [("lm", "transformer_lm_gpt"), ("roberta", "roberta_base")])
+def test_block_family_host_overhead_profiles_both_sides(tmp_path, lm_cache, family, depth):
+    res, log = bench(tmp_path, f"{family}_host", "--family", family, "--host-overhead", "--host-pairs", "2000",
                      "--host-vocab", "104", "--max-tokens", "128", "--seq-len", "32", "--pool", "2", "--warmup", "1",
                      "--steps", "2", "--rounds", "1", "--ops-steps", "1", cache=lm_cache)
-    assert res["family"] == "lm" and res["shape"] == "128@T32"
+    assert res["family"] == family and res["shape"] == "128@T32"
     for s in res["sides"].values():
         assert s["ops"]["backward_nodes_per_step"] > 10
-    assert "transformer_lm_gpt depth" in log and "target <= 0.5x" in log
+    assert f"{depth} depth" in log and "target <= 0.5x" in log
 
 
 def test_lm_activation_bytes_at_each_block_length(tmp_path, lm_cache):
@@ -177,16 +178,6 @@ def test_roberta_throughput_counts_input_tokens_and_masked_head_flops(tmp_path, 
     assert sides["fairseq"]["ls_speedup_sum"] == pytest.approx(
         sum(sides["fairseq"]["step_ms"]) / sum(sides["ls"]["step_ms"]))
     assert "masked" in log and "tok/s counts input tokens" in log
-
-
-def test_roberta_host_overhead_profiles_both_sides(tmp_path, lm_cache):
-    res, log = bench(tmp_path, "rb_host", "--family", "roberta", "--host-overhead", "--host-pairs", "2000",
-                     "--host-vocab", "104", "--max-tokens", "128", "--seq-len", "32", "--pool", "2", "--warmup", "1",
-                     "--steps", "2", "--rounds", "1", "--ops-steps", "1", cache=lm_cache)
-    assert res["family"] == "roberta" and res["shape"] == "128@T32"
-    for s in res["sides"].values():
-        assert s["ops"]["backward_nodes_per_step"] > 10
-    assert "roberta_base depth" in log and "target <= 0.5x" in log
 
 
 def test_roberta_activation_bytes(tmp_path, lm_cache):
