@@ -48,8 +48,13 @@ def check_supported(args, model: str = "ls_transformer", native: str = "transfor
                          f"supported: {', '.join(FAIRSEQ_ACTIVATIONS)}")
 
 
-class FastTrainMixin:
-    """model.train() without nn.Module's per-module cost, for an nn.Module model."""
+class LSModelMixin:
+    """What every ls_* model class adds to its fairseq base class: no downloadable hub models (fairseq's
+    names point at fairseq's own checkpoints), and model.train() without nn.Module's per-module cost."""
+
+    @classmethod
+    def hub_models(cls):
+        return {}
 
     def train(self, mode: bool = True):
         """nn.Module.train over the whole tree without its per-module cost: fairseq's Trainer and task call

@@ -32,7 +32,7 @@ from ..modules.lm_head import LSRobertaLMHead
 from ..modules.transformer import LSTransformerEncoder
 from ..sequence_parallel import options as sequence_parallel_options
 from ..sequence_parallel.sharding import shard_or_none
-from .common import FastTrainMixin, check_supported, register_architectures
+from .common import LSModelMixin, check_supported, register_architectures
 
 NAME = "ls_roberta"
 # The criteria that count a rank's share under sequence parallelism (sentence_prediction does not).
@@ -72,12 +72,8 @@ class LSRobertaEncoder(RobertaEncoder):
 
 
 @register_model(NAME)
-class LSRobertaModel(FastTrainMixin, RobertaModel):
+class LSRobertaModel(LSModelMixin, RobertaModel):
     """fairseq's RobertaModel (legacy argparse API) whose encoder and LM head run the fused ops."""
-
-    @classmethod
-    def hub_models(cls):
-        return {}
 
     @classmethod
     def add_args(cls, parser):

@@ -11,16 +11,12 @@ from fairseq.models.transformer import transformer_legacy as fs
 
 from ..modules.transformer import LSTransformerDecoder, LSTransformerEncoder
 from ..sequence_parallel import options as sequence_parallel_options
-from .common import FastTrainMixin, check_supported, register_architectures
+from .common import LSModelMixin, check_supported, register_architectures
 
 
 @register_model("ls_transformer")
-class LSTransformerModel(FastTrainMixin, TransformerModel):
+class LSTransformerModel(LSModelMixin, TransformerModel):
     """fairseq's TransformerModel (legacy argparse API) whose encoder and decoder run the fused ops."""
-
-    @classmethod
-    def hub_models(cls):
-        return {}
 
     @classmethod
     def add_args(cls, parser):

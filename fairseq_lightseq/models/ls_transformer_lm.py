@@ -26,18 +26,14 @@ from fairseq.models.transformer_lm import TransformerLanguageModel, TransformerL
 
 from ..modules.transformer import LSTransformerDecoder
 from ..sequence_parallel import options as sequence_parallel_options
-from .common import FastTrainMixin, check_supported, register_architectures
+from .common import LSModelMixin, check_supported, register_architectures
 
 NAME = "ls_transformer_lm"
 
 
 @register_model(NAME)
-class LSTransformerLanguageModel(FastTrainMixin, TransformerLanguageModel):
+class LSTransformerLanguageModel(LSModelMixin, TransformerLanguageModel):
     """fairseq's TransformerLanguageModel whose decoder runs the fused ops."""
-
-    @classmethod
-    def hub_models(cls):
-        return {}
 
     @classmethod
     def add_args(cls, parser):
