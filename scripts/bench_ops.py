@@ -49,6 +49,7 @@ TIMED_ELSEWHERE = {
     "label_smoothed_cross_entropy": "scripts/bench_criterion.py",
     "linear_label_smoothed_cross_entropy": "scripts/bench_criterion.py",
     "dropout_mask": None,  # the raw keep mask, exposed for the tests; no layer calls it
+    "attention_dropout": None,  # timed inside attention_softmax_dropout_bmm's backward, its one caller here
 }
 
 
@@ -170,6 +171,14 @@ def cases(s, device, dtype):
                 lambda s_: ops.attention_softmax_dropout(s_, kpm, False, scale, P),
                 lambda s_: reference.attention_softmax_dropout(s_, kpm, False, scale, P, seed),
                 softmax_comp, 3 * sc.numel() * e, 3 * sc.numel() * e))
+
+    # probabilities times v in one node: backward draws the dropped probabilities again (one more pass
+    # over [B, H, T, T]) instead of keeping them; the composition keeps them, as autograd does
+    v = rnd(B, H, T, C // H)
+    out.append(("attention_softmax_dropout_bmm", (sc, v), rnd(B, H, T, C // H, grad=False),
+                lambda s_, v_: ops.attention_softmax_dropout_bmm(s_, v_, kpm, False, scale, P),
+                lambda s_, v_: torch.matmul(reference.attention_softmax_dropout(s_, kpm, False, scale, P, seed), v_),
+                lambda s_, v_: torch.matmul(softmax_comp(s_), v_), 3 * sc.numel() * e, 5 * sc.numel() * e))
 
     qkv, qb = rnd(T, B, 3 * C), rnd(3 * C)
 

@@ -175,6 +175,14 @@ void bwd_row(const double* dout, const double* y, const double* fac, double sc, 
   bwd_row_t(dout, y, fac, sc, ds, n);
 }
 
+// out[j] = y[j] * fac[j].
+FLS_CPU_CLONES void mul_row(const float* y, const float* fac, float* out, int64_t n) {
+  for (int64_t j = 0; j < n; ++j) out[j] = y[j] * fac[j];
+}
+void mul_row(const double* y, const double* fac, double* out, int64_t n) {
+  for (int64_t j = 0; j < n; ++j) out[j] = y[j] * fac[j];
+}
+
 // Rows per parallel chunk: about 16k elements of work, at least one row.
 int64_t row_grain(int64_t cols) { return std::max<int64_t>(1, 16384 / std::max<int64_t>(1, cols)); }
 
@@ -322,6 +330,29 @@ void softmax_bwd_typed(const T* dout, const T* y, T* dscores, int64_t rows, int6
   });
 }
 
+// out = y * fac row by row, the factors drawn per block of rows as the forward drew them.
+template <typename T>
+void dropout_rows_typed(const T* y, T* out, int64_t rows, int64_t Tk, const DropoutParams& d,
+                        const AttentionCoords& coords) {
+  using A = acc_t<T>;
+  if (rows == 0 || Tk == 0) return;
+  const int64_t block = block_rows(Tk);
+  parallel_for(rows, row_grain(Tk), [&](int64_t begin, int64_t end) {
+    std::vector<A> ybuf(Tk), obuf(Tk), fac(block * Tk);
+    std::vector<uint32_t> u(dropout_words(block * Tk));
+    for (int64_t r0 = begin; r0 < end; r0 += block) {
+      const int64_t nb = std::min(block, end - r0);
+      block_factors(d, coords, r0, nb, Tk, nullptr, u.data(), fac.data());
+      for (int64_t r = r0; r < r0 + nb; ++r) {
+        const A* yr = load_row(y + r * Tk, ybuf.data(), Tk);
+        A* ow = row_target(out + r * Tk, obuf.data());
+        mul_row(yr, fac.data() + (r - r0) * Tk, ow, Tk);
+        store_row<T>(ow, out + r * Tk, Tk);
+      }
+    }
+  });
+}
+
 // Both permutations walk token rows (t, b) in b-major order (b outer, t inner): the token-major
 // side is one contiguous row of nparts*E per step and the head-major side is nparts*H streams that
 // each advance by hd per step, which the prefetchers follow. (t-major order jumps between B*H
@@ -380,6 +411,13 @@ void attention_softmax_bwd(const AttentionSoftmaxBwdParams& p) {
                                                         static_cast<const scalar_t*>(p.y),
                                                         static_cast<scalar_t*>(p.dscores), p.rows, p.Tk, p.scale,
                                                         p.drop, p.coords));
+}
+
+void attention_dropout(const AttentionDropoutParams& p) {
+  if (p.drop.threshold == 0) return;  // the op layer returns y itself
+  FLS_CPU_DISPATCH(p.dtype, dropout_rows_typed<scalar_t>(static_cast<const scalar_t*>(p.y),
+                                                         static_cast<scalar_t*>(p.out), p.rows, p.Tk, p.drop,
+                                                         p.coords));
 }
 
 void qkv_bias_split(const QkvBiasSplitParams& p) {

@@ -11,7 +11,7 @@
 // Forward makes two passes over the row: an online max/sum, then the write of y (and of the dropped
 // copy). The dropout mask comes from Philox groups of 4 stream elements (philox.h), one group per
 // thread-step, so each Philox block is computed once; backward regenerates it instead of reading a
-// stored mask.
+// stored mask. attention_dropout (y -> the dropped copy again, for backward) uses the general layout only.
 #include <type_traits>
 
 #include "../kernels/attention.h"
@@ -107,6 +107,17 @@ __global__ void softmax_bwd_kernel(const T* __restrict__ dout, const T* __restri
     const float yv = to_float(yr[j]);
     dsr[j] = from_float<T>(scale * yv * (factor * to_float(dr[j]) - dot));
   });
+}
+
+// out = factor * y: the dropped probabilities regenerated for backward (one block per row, any Tk).
+template <typename T>
+__global__ void dropout_rows_kernel(const T* __restrict__ y, T* __restrict__ out, int64_t Tk, DropoutParams d,
+                                    AttentionCoords c) {
+  const int64_t row = blockIdx.x;
+  const T* yr = y + row * Tk;
+  T* outr = out + row * Tk;
+  for_each_key(d.offset + attention_row_stream(c, row), Tk, d,
+               [&](int64_t j, float factor) { outr[j] = from_float<T>(factor * to_float(yr[j])); });
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -365,6 +376,15 @@ int attention_softmax_bwd(const AttentionSoftmaxBwdParams& p, void* stream) {
         softmax_bwd_kernel<U><<<static_cast<unsigned>(rows), softmax_threads(Tk), 0, s>>>(dp, yp, dsp, Tk, scale, d,
                                                                                              p.coords);
       });
+  FLS_CUDA_RETURN_LAST_ERROR();
+}
+
+int attention_dropout(const AttentionDropoutParams& p, void* stream) {
+  if (p.rows == 0 || p.Tk == 0 || p.drop.threshold == 0) return 0;
+  auto s = static_cast<cudaStream_t>(stream);
+  FLS_CUDA_DISPATCH(p.dtype, using U = scalar_t;
+                    dropout_rows_kernel<U><<<static_cast<unsigned>(p.rows), softmax_threads(p.Tk), 0, s>>>(
+                        static_cast<const U*>(p.y), static_cast<U*>(p.out), p.Tk, p.drop, p.coords));
   FLS_CUDA_RETURN_LAST_ERROR();
 }
 

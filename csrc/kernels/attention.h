@@ -67,6 +67,19 @@ struct AttentionSoftmaxBwdParams {
   AttentionCoords coords;
 };
 
+// The dropped probabilities again from the softmax output: out = y * keep / (1 - p), the keep mask drawn as
+// the forward drew it (row r's key j: stream element drop.offset + attention_row_stream(coords, r) + j). y, out:
+// [rows, Tk] dtype (rows = B*H*Tq; coords.H, coords.Tq split a row). Backward uses it so that the forward's
+// dropped copy, a second [B, H, Tq, Tk] tensor, need not be kept.
+struct AttentionDropoutParams {
+  DType dtype;
+  const void* y;
+  void* out;
+  int64_t rows, Tk;
+  DropoutParams drop;
+  AttentionCoords coords;
+};
+
 // Token-major qkv [T, B, 3E] plus bias [3E] -> head-major q, k, v [B*H, T, hd] (E = H*hd):
 //   q/k/v[((b*H + h)*T + t)*hd + c] = qkv[(t*B + b)*3E + part*E + h*hd + c] + bias[part*E + h*hd + c].
 struct QkvBiasSplitParams {
@@ -103,6 +116,7 @@ struct MergeHeadsParams {
 namespace cpu {
 void attention_softmax_fwd(const AttentionSoftmaxFwdParams& p);
 void attention_softmax_bwd(const AttentionSoftmaxBwdParams& p);
+void attention_dropout(const AttentionDropoutParams& p);
 void qkv_bias_split(const QkvBiasSplitParams& p);
 void qkv_bias_split_bwd(const QkvBiasSplitBwdParams& p);
 }  // namespace cpu
@@ -112,6 +126,7 @@ void qkv_bias_split_bwd(const QkvBiasSplitBwdParams& p);
 namespace cuda {
 FLS_CUDA_LAUNCHER int attention_softmax_fwd(const AttentionSoftmaxFwdParams& p, void* stream);
 FLS_CUDA_LAUNCHER int attention_softmax_bwd(const AttentionSoftmaxBwdParams& p, void* stream);
+FLS_CUDA_LAUNCHER int attention_dropout(const AttentionDropoutParams& p, void* stream);
 FLS_CUDA_LAUNCHER int qkv_bias_split(const QkvBiasSplitParams& p, void* stream);
 // Floats of scratch memory qkv_bias_split_bwd needs (per-chunk partial column sums of dqkv).
 FLS_CUDA_LAUNCHER int64_t qkv_bias_split_bwd_workspace(int64_t rows, int64_t cols);

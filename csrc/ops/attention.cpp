@@ -10,6 +10,9 @@
 //           under coords = [H_tot, h_off, Tq_tot, q_off, Tk_tot, k_off]: AttentionCoords in
 //           ../kernels/attention.h) when floor(p * 2^24) > 0, else an empty tensor (shape [0]).
 //   attention_softmax_bwd(dout, y, scale, p, seed, offset, coords=[]) -> dscores (the mask is regenerated).
+//   attention_dropout(y, p, seed, offset, coords=[]) -> out: the forward's `out` again from y (the same mask),
+//     so that backward need not keep it; a copy of y when dropout is off (callers skip the call then: an op's
+//     output must not alias its input).
 //   qkv_bias_split(qkv [T,B,3E], bias [3E], num_heads) -> (q, k, v) each [B*heads, T, E/heads];
 //   qkv_bias_split_bwd(dq, dk, dv, num_heads) -> (dqkv [T,B,3E], dbias [3E]);
 //   merge_heads(x [B*heads,T,hd], num_heads) -> [T,B,heads*hd]. Its backward is a view of dy (Python).
@@ -102,6 +105,26 @@ inline AttentionSoftmaxBwd attention_softmax_bwd_prepare(const at::Tensor& dout,
   op.params = {.dtype = to_dtype(y.scalar_type()), .dout = op.dout.data_ptr(), .y = op.y.data_ptr(),
                .dscores = op.dscores.data_ptr(), .rows = Tk == 0 ? 0 : y.numel() / Tk, .Tk = Tk, .scale = scale,
                .drop = d, .coords = c};
+  return op;
+}
+
+struct AttentionDropout {
+  at::Tensor y, out;
+  AttentionDropoutParams params;
+};
+
+inline AttentionDropout attention_dropout_prepare(const at::Tensor& y, double p, int64_t seed, int64_t offset,
+                                                  at::IntArrayRef coords) {
+  check_float(y, "attention_dropout: y");
+  TORCH_CHECK(y.dim() == 4, "attention_dropout: y must be 4-D [B, H, Tq, Tk], got shape ", y.sizes());
+  const DropoutParams d = make_dropout(p, seed, offset);
+  const int64_t Tk = y.size(3);
+  AttentionDropout op;
+  op.y = y.contiguous();
+  op.out = d.threshold != 0 ? at::empty_like(op.y) : op.y.clone();
+  op.params = {.dtype = to_dtype(y.scalar_type()), .y = op.y.data_ptr(), .out = op.out.data_ptr(),
+               .rows = Tk == 0 ? 0 : y.numel() / Tk, .Tk = Tk, .drop = d,
+               .coords = attention_coords(coords, y.size(1), y.size(2), Tk, "attention_dropout")};
   return op;
 }
 
@@ -210,6 +233,12 @@ at::Tensor attention_softmax_bwd_cpu(const at::Tensor& dout, const at::Tensor& y
   return op.dscores;
 }
 
+at::Tensor attention_dropout_cpu(const at::Tensor& y, double p, int64_t seed, int64_t offset, at::IntArrayRef coords) {
+  auto op = attention_dropout_prepare(y, p, seed, offset, coords);
+  cpu::attention_dropout(op.params);
+  return op.out;
+}
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor> qkv_bias_split_cpu(const at::Tensor& qkv, const at::Tensor& bias,
                                                                   int64_t num_heads) {
   auto op = qkv_bias_split_prepare(qkv, bias, num_heads);
@@ -256,6 +285,16 @@ at::Tensor attention_softmax_bwd_cuda(const at::Tensor& dout, const at::Tensor& 
   return op.dscores;
 }
 
+at::Tensor attention_dropout_cuda(const at::Tensor& y, double p, int64_t seed, int64_t offset,
+                                  at::IntArrayRef coords) {
+  const c10::DeviceGuard guard(y.device());
+  auto op = attention_dropout_prepare(y, p, seed, offset, coords);
+  TORCH_CHECK(op.params.rows <= kMaxRows32, "attention_dropout: at most 2^31-1 rows (B*H*Tq) on CUDA, got ",
+              op.params.rows);
+  FLS_CHECK_LAUNCH(cuda::attention_dropout(op.params, stream_of(y)));
+  return op.out;
+}
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor> qkv_bias_split_cuda(const at::Tensor& qkv, const at::Tensor& bias,
                                                                    int64_t num_heads) {
   const c10::DeviceGuard guard(qkv.device());
@@ -290,6 +329,7 @@ TORCH_LIBRARY_FRAGMENT(fairseq_lightseq, m) {
   m.def(
       "attention_softmax_bwd(Tensor dout, Tensor y, float scale, float p, int seed, int offset, int[] coords=[]) -> "
       "Tensor");
+  m.def("attention_dropout(Tensor y, float p, int seed, int offset, int[] coords=[]) -> Tensor");
   m.def("qkv_bias_split(Tensor qkv, Tensor bias, int num_heads) -> (Tensor q, Tensor k, Tensor v)");
   m.def("qkv_bias_split_bwd(Tensor dq, Tensor dk, Tensor dv, int num_heads) -> (Tensor dqkv, Tensor dbias)");
   m.def("merge_heads(Tensor x, int num_heads) -> Tensor");
@@ -298,6 +338,7 @@ TORCH_LIBRARY_FRAGMENT(fairseq_lightseq, m) {
 TORCH_LIBRARY_IMPL(fairseq_lightseq, CPU, m) {
   m.impl("attention_softmax_fwd", &attention_softmax_fwd_cpu);
   m.impl("attention_softmax_bwd", &attention_softmax_bwd_cpu);
+  m.impl("attention_dropout", &attention_dropout_cpu);
   m.impl("qkv_bias_split", &qkv_bias_split_cpu);
   m.impl("qkv_bias_split_bwd", &qkv_bias_split_bwd_cpu);
   m.impl("merge_heads", &merge_heads_cpu);
@@ -307,6 +348,7 @@ TORCH_LIBRARY_IMPL(fairseq_lightseq, CUDA, m) {
   if (!kWithCuda) return;
   m.impl("attention_softmax_fwd", &attention_softmax_fwd_cuda);
   m.impl("attention_softmax_bwd", &attention_softmax_bwd_cuda);
+  m.impl("attention_dropout", &attention_dropout_cuda);
   m.impl("qkv_bias_split", &qkv_bias_split_cuda);
   m.impl("qkv_bias_split_bwd", &qkv_bias_split_bwd_cuda);
   m.impl("merge_heads", &merge_heads_cuda);

@@ -18,6 +18,8 @@
 #include <string>
 #include <tuple>
 
+#include "utils.h"
+
 namespace fls {
 namespace {
 
@@ -66,6 +68,11 @@ Tensor softmax_bwd(const Tensor& dout, const Tensor& y, double scale, double p, 
   FLS_OP(h, "attention_softmax_bwd",
          Tensor(const Tensor&, const Tensor&, double, double, int64_t, int64_t, c10::IntArrayRef));
   return h.call(dout, y, scale, p, seed, off, {});
+}
+// The dropped probabilities again from the softmax output y (the forward's mask, default coordinates).
+Tensor dropout_again(const Tensor& y, double p, int64_t seed, int64_t off) {
+  FLS_OP(h, "attention_dropout", Tensor(const Tensor&, double, int64_t, int64_t, c10::IntArrayRef));
+  return h.call(y, p, seed, off, {});
 }
 Tensor3 qkv_split(const Tensor& qkv, const Tensor& bias, int64_t heads) {
   FLS_OP(h, "qkv_bias_split", Tensor3(const Tensor&, const Tensor&, int64_t));
@@ -136,9 +143,9 @@ Tensor norm_bwd_end(const Tensor& ds, const Tensor& dh, const Tensor& x, const T
 
 // The scores' gradient [B*H, Tq, Tk] from the probabilities' gradient dprobs [B*H, Tq, Tk] (y: the
 // softmax output [B, H, Tq, Tk], dropped: the dropped probabilities as [B*H, Tq, Tk]). With dropout (fac = the mask's
-// multipliers, `dropped` = fac * y saved by the forward), g = fac * dprobs and
+// multipliers, `dropped` = fac * y drawn again from y), g = fac * dprobs and
 //   dscores = scale * y * (g - sum_k g_k y_k) = scale * (dropped * dprobs - y * sum_k dropped_k dprobs_k),
-// so the mask need not be regenerated: on CPU (where the fused kernel's redraw costs ~4 ns an element:
+// so the mask need not be drawn a second time: on CPU (where the fused kernel's redraw costs ~4 ns an element:
 // 94 us vs 16 us for [16, 2, 24, 24]) four ATen calls, in float/double; half types keep the kernel, which
 // accumulates in float, and so does CUDA, where one launch costs less host time than four.
 Tensor softmax_dropout_bwd(const Tensor& dprobs, const Tensor& dropped, const Tensor& y, bool has_dropout,
@@ -192,10 +199,11 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> proje
           dw[0], db[0], dw[1], db[1]};
 }
 
-// See ops/blocks/attention.py (AttentionBlockFunction) for the arguments. Returns (y, s, mean, rstd, probs,
-// dropped): s is undefined for pre-LN; probs [B, H, Tq, Tk] the softmax output; dropped the dropped
-// probabilities (empty without dropout).
-std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> attention_block_fwd(
+// See ops/blocks/attention.py (AttentionBlockFunction) for the arguments. Returns (y, s, mean, rstd, probs):
+// s is undefined for pre-LN; probs [B, H, Tq, Tk] the softmax output. The dropped probabilities are not
+// returned: backward draws them again from probs (attention_dropout), so one [B, H, Tq, Tk] tensor a layer
+// is kept, not two.
+std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> attention_block_fwd(
     const Tensor& x, const std::optional<Tensor>& memory, const std::optional<Tensor>& key_padding_mask,
     const Tensor& ln_weight, const Tensor& ln_bias, const Tensor& wq, const Tensor& bq, const Tensor& wk,
     const Tensor& bk, const Tensor& wv, const Tensor& bv, const Tensor& wo, const Tensor& bo, int64_t num_heads,
@@ -217,17 +225,17 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> attention_block_fwd(
   const Tensor merged = merge(at::bmm(probs.view({B * H, Tq, Tk}), v), H);
   const Tensor out = at::mm(merged.view({Tq * B, E}), wo.t()).view({Tq, B, E});
   Tensor out_y = norm_end(out, bo, x, p, seed, offset, ln_weight, ln_bias, normalize_before, eps, s, mean, rstd);
-  return {out_y, s, mean, rstd, y, dropped};
+  return {out_y, s, mean, rstd, y};
 }
 
 // Returns (dx, dmemory (undefined for self-attention), dln_weight, dln_bias, dwq, dbq, dwk, dbk, dwv, dbv,
-// dwo, dbo). q, k, v are recomputed from the block input (project_qkv), and the merged heads (the output
-// GEMM's input) from probs and v.
+// dwo, dbo). q, k, v are recomputed from the block input (project_qkv), the dropped probabilities from y
+// (attention_dropout: the forward's mask), and the merged heads (the output GEMM's input) from them and v.
 std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor>
 attention_block_bwd(const Tensor& dy, const Tensor& x, const std::optional<Tensor>& memory, const Tensor& ln_weight,
                     const Tensor& ln_bias, const Tensor& wq, const Tensor& bq, const Tensor& wk, const Tensor& bk,
                     const Tensor& wv, const Tensor& bv, const Tensor& wo, const std::optional<Tensor>& s,
-                    const Tensor& mean, const Tensor& rstd, const Tensor& y, const Tensor& dropped, int64_t num_heads,
+                    const Tensor& mean, const Tensor& rstd, const Tensor& y, int64_t num_heads,
                     double scale, bool normalize_before, double eps, double attn_p, int64_t attn_seed,
                     int64_t attn_offset, double p, int64_t seed, int64_t offset) {
   // These ops run inside an autograd Function: the ATen calls below skip the autograd layers.
@@ -243,11 +251,12 @@ attention_block_bwd(const Tensor& dy, const Tensor& x, const std::optional<Tenso
   const Tensor dout2 = dout.view({Tq * B, E});
   // [Tq, B, H, hd] seen as [B*H, Tq, hd]
   const Tensor dctx = at::mm(dout2, wo).view({Tq, B, H, hd}).permute({1, 2, 0, 3}).reshape({B * H, Tq, hd});
-  const Tensor probs = (dropped.numel() ? dropped : y).view({B * H, Tq, -1});
+  const bool has_dropout = make_dropout(attn_p, attn_seed, attn_offset).threshold != 0;
+  const Tensor probs = (has_dropout ? dropout_again(y, attn_p, attn_seed, attn_offset) : y).view({B * H, Tq, -1});
   const Tensor dwo = at::mm(dout2.t(), merge(at::bmm(probs, v), H).view({Tq * B, E}));
   const Tensor dv = at::bmm(probs.transpose(1, 2), dctx);
-  const Tensor dscores = softmax_dropout_bwd(at::bmm(dctx, v.transpose(1, 2)), probs, y,
-                                             dropped.numel() > 0, scale, attn_p, attn_seed, attn_offset);
+  const Tensor dscores = softmax_dropout_bwd(at::bmm(dctx, v.transpose(1, 2)), probs, y, has_dropout, scale, attn_p,
+                                             attn_seed, attn_offset);
   const Tensor dq = at::bmm(dscores, k), dk = at::bmm(dscores.transpose(1, 2), q);
   Tensor dh, dmemory, dwq, dbq, dwk, dbk, dwv, dbv;
   std::tie(dh, dmemory, dwq, dbq, dwk, dbk, dwv, dbv) = project_qkv_bwd(dq, dk, dv, h2, memory, wq, wk, wv, H);
@@ -314,11 +323,11 @@ struct AttentionBlockNode : public torch::autograd::Function<AttentionBlockNode>
                         int64_t attn_offset, double p, int64_t seed, int64_t offset) {
     const at::AutoDispatchBelowADInplaceOrView below_autograd;
     FLS_OP(fwd, "attention_block_fwd", decltype(attention_block_fwd));
-    auto [y, s, mean, rstd, probs, dropped] =
+    auto [y, s, mean, rstd, probs] =
         fwd.call(x, memory, key_padding_mask, ln_weight, ln_bias, wq, bq, wk, bk, wv, bv, wo, bo, num_heads,
                             scale, causal, normalize_before, eps, attn_p, attn_seed, attn_offset, p, seed, offset);
     ctx->save_for_backward({x, memory.value_or(Tensor()), ln_weight, ln_bias, wq, bq, wk, bk, wv, bv, wo, s, mean,
-                            rstd, probs, dropped});
+                            rstd, probs});
     auto& d = ctx->saved_data;
     d["num_heads"] = num_heads, d["scale"] = scale, d["normalize_before"] = normalize_before, d["eps"] = eps;
     d["attn_p"] = attn_p, d["attn_seed"] = attn_seed, d["attn_offset"] = attn_offset;
@@ -335,7 +344,7 @@ struct AttentionBlockNode : public torch::autograd::Function<AttentionBlockNode>
     FLS_OP(bwd, "attention_block_bwd", decltype(attention_block_bwd));
     auto [dx, dmemory, dln_w, dln_b, dwq, dbq, dwk, dbk, dwv, dbv, dwo, dbo] = bwd.call(
         grads[0].contiguous(), t[0], memory, t[2], t[3], t[4], t[5], t[6], t[7], t[8], t[9], t[10], s, t[12], t[13],
-        t[14], t[15], d.at("num_heads").toInt(), d.at("scale").toDouble(), d.at("normalize_before").toBool(),
+        t[14], d.at("num_heads").toInt(), d.at("scale").toDouble(), d.at("normalize_before").toBool(),
         d.at("eps").toDouble(), d.at("attn_p").toDouble(), d.at("attn_seed").toInt(), d.at("attn_offset").toInt(),
         d.at("p").toDouble(), d.at("seed").toInt(), d.at("offset").toInt());
     variable_list out = {dx, dmemory, Tensor(), dln_w, dln_b, dwq, dbq, dwk, dbk, dwv, dbv, dwo, dbo};
@@ -583,12 +592,11 @@ TORCH_LIBRARY_FRAGMENT(fairseq_lightseq, m) {
       "attention_block_fwd(Tensor x, Tensor? memory, Tensor? key_padding_mask, Tensor ln_weight, Tensor ln_bias, "
       "Tensor wq, Tensor bq, Tensor wk, Tensor bk, Tensor wv, Tensor bv, Tensor wo, Tensor bo, int num_heads, "
       "float scale, bool causal, bool normalize_before, float eps, float attn_p, int attn_seed, int attn_offset, "
-      "float p, int seed, int offset) -> (Tensor y, Tensor s, Tensor mean, Tensor rstd, Tensor probs, "
-      "Tensor dropped)");
+      "float p, int seed, int offset) -> (Tensor y, Tensor s, Tensor mean, Tensor rstd, Tensor probs)");
   m.def(
       "attention_block_bwd(Tensor dy, Tensor x, Tensor? memory, Tensor ln_weight, Tensor ln_bias, Tensor wq, "
       "Tensor bq, Tensor wk, Tensor bk, Tensor wv, Tensor bv, Tensor wo, Tensor? s, Tensor mean, Tensor rstd, "
-      "Tensor probs, Tensor dropped, int num_heads, float scale, bool normalize_before, float eps, float attn_p, "
+      "Tensor probs, int num_heads, float scale, bool normalize_before, float eps, float attn_p, "
       "int attn_seed, int attn_offset, float p, int seed, int offset) -> (Tensor dx, Tensor dmemory, "
       "Tensor dln_weight, Tensor dln_bias, Tensor dwq, Tensor dbq, Tensor dwk, Tensor dbk, Tensor dwv, Tensor dbv, "
       "Tensor dwo, Tensor dbo)");

@@ -181,11 +181,17 @@ class LSMultiheadAttention(nn.Module):
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=attn_dropout.p,
                                                  is_causal=is_causal, scale=self.scaling)
             return out.permute(2, 0, 1, 3).reshape(Tq, B, H * hd), None
-        scores = torch.bmm(q.reshape(B * H, Tq, hd), k.reshape(B * H, Tk, hd).transpose(1, 2))
-        probs = ops.attention_softmax_dropout(scores.view(B, H, Tq, Tk), key_padding_mask, causal,
-                                              self.scaling, attn_dropout, coords=coords)
+        scores = torch.bmm(q.reshape(B * H, Tq, hd), k.reshape(B * H, Tk, hd).transpose(1, 2)).view(B, H, Tq, Tk)
+        if not need_weights:
+            # probabilities and their product with v in one node: it keeps the softmax output, not the
+            # dropped probabilities too (see ops.attention_softmax_dropout_bmm)
+            out = ops.attention_softmax_dropout_bmm(scores, v, key_padding_mask, causal, self.scaling, attn_dropout,
+                                                    coords=coords)
+            return ops.merge_heads(out.view(B * H, Tq, hd), H), None
+        probs = ops.attention_softmax_dropout(scores, key_padding_mask, causal, self.scaling, attn_dropout,
+                                              coords=coords)
         out = torch.bmm(probs.view(B * H, Tq, Tk), v.reshape(B * H, Tk, hd))
-        weights = probs.detach().float().mean(dim=1).to(q.dtype) if need_weights else None
+        weights = probs.detach().float().mean(dim=1).to(q.dtype)
         return ops.merge_heads(out, H), weights
 
     # ---- fairseq incremental-state protocol ----------------------------------------------------

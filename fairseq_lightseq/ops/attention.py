@@ -4,9 +4,11 @@ over torch.ops.fairseq_lightseq.{attention_softmax,qkv_bias_split,merge_heads}{,
 attention_softmax_fwd returns (y, out): y = softmax(scale * scores + masks) in scores' dtype, saved
 for backward; out = the dropped probabilities, or an empty tensor when dropout is off
 (floor(p * 2^24) == 0), in which case y itself is the result. Backward regenerates the dropout mask
-from (seed, offset) instead of storing it.
+from (seed, offset) instead of storing it. attention_dropout draws the dropped probabilities again from y
+(the same mask), so that attention_softmax_dropout_bmm, whose backward needs them for dv, keeps only y and v.
 """
-__all__ = ["attention_softmax_dropout", "qkv_bias_split", "merge_heads"]
+__all__ = ["attention_softmax_dropout", "attention_softmax_dropout_bmm", "attention_dropout", "qkv_bias_split",
+           "merge_heads"]
 
 from typing import Optional, Union
 
@@ -53,6 +55,58 @@ def attention_softmax_dropout(scores: torch.Tensor, key_padding_mask: Optional[t
     if _backend.use_kernel("attention_softmax_fwd", scores.device.type, scores.dtype):
         return AttentionSoftmaxDropoutFunction.apply(scores, key_padding_mask, causal, scale, *d, c)
     return reference.attention_softmax_dropout(scores, key_padding_mask, causal, scale, *d, c)
+
+
+class AttentionSoftmaxDropoutBmmFunction(torch.autograd.Function):
+    """apply(scores, v, key_padding_mask, causal, scale, p, seed, offset, coords): dropout(softmax(...)) @ v.
+    Saves y (the softmax output) and v; the dropped probabilities, which the bmm's backward needs for dv, are
+    drawn again from y rather than kept: one [B, H, Tq, Tk] tensor saved instead of two."""
+
+    @staticmethod
+    def forward(ctx, scores, v, key_padding_mask, causal, scale, p, seed, offset=0, coords=()):
+        coords = list(coords)
+        y, out = _backend.ops().attention_softmax_fwd(scores, key_padding_mask, causal, scale, p, seed, offset,
+                                                      coords)
+        ctx.save_for_backward(y, v)
+        ctx.args = (scale, p, seed, offset, coords)
+        return torch.matmul(y if dropout_threshold(p) == 0 else out, v)
+
+    @staticmethod
+    def backward(ctx, dctx):
+        y, v = ctx.saved_tensors
+        scale, p, seed, offset, coords = ctx.args
+        probs = y if dropout_threshold(p) == 0 else _backend.ops().attention_dropout(y, p, seed, offset, coords)
+        dv = torch.matmul(probs.transpose(-1, -2), dctx)
+        del probs
+        dscores = _backend.ops().attention_softmax_bwd(torch.matmul(dctx, v.transpose(-1, -2)), y, *ctx.args)
+        return dscores, dv, None, None, None, None, None, None, None
+
+
+def attention_softmax_dropout_bmm(scores: torch.Tensor, v: torch.Tensor,
+                                  key_padding_mask: Optional[torch.Tensor] = None, causal: bool = False,
+                                  scale: float = 1.0, p: Union[float, Dropout] = 0.0, training: bool = True,
+                                  coords: CoordsArg = None) -> torch.Tensor:
+    """attention_softmax_dropout(scores, ...) @ v. scores: [B, H, Tq, Tk]; v: [B, H, Tk, hd], scores' dtype;
+    the other arguments as attention_softmax_dropout's. Returns [B, H, Tq, hd]. For backward it keeps the
+    softmax output and v only (autograd through the separate op and bmm would keep the dropped
+    probabilities too, a second [B, H, Tq, Tk] tensor)."""
+    d = _backend.as_dropout(p, training)
+    c = [] if coords is None or len(coords) == 0 else list(attention_coords(coords, scores.shape))
+    if _backend.use_kernel("attention_softmax_fwd", scores.device.type, scores.dtype):
+        return AttentionSoftmaxDropoutBmmFunction.apply(scores, v, key_padding_mask, causal, scale, *d, c)
+    return torch.matmul(reference.attention_softmax_dropout(scores, key_padding_mask, causal, scale, *d, c), v)
+
+
+def attention_dropout(y: torch.Tensor, p: float, seed: int, offset: int = 0, coords: CoordsArg = None) -> torch.Tensor:
+    """The dropped probabilities attention_softmax_dropout(scores, ..., p, seed, offset, coords) returned,
+    again from its softmax output y [B, H, Tq, Tk] (the same mask): y * keep / (1 - p); y itself when the
+    dropout is off. Not differentiable (backward passes use it)."""
+    if dropout_threshold(p) == 0:
+        return y
+    c = [] if coords is None or len(coords) == 0 else list(attention_coords(coords, y.shape))
+    if _backend.use_kernel("attention_dropout", y.device.type, y.dtype):
+        return _backend.ops().attention_dropout(y, p, seed, offset, c)
+    return reference.attention_dropout(y, p, seed, offset, c)
 
 
 class QkvBiasSplitFunction(torch.autograd.Function):
@@ -113,6 +167,11 @@ def _attention_softmax_fwd_fake(scores, key_padding_mask, causal, scale, p, seed
 
 @_backend.register_fake("attention_softmax_bwd")
 def _attention_softmax_bwd_fake(dout, y, scale, p, seed, offset, coords=()):
+    return torch.empty_like(y)
+
+
+@_backend.register_fake("attention_dropout")
+def _attention_dropout_fake(y, p, seed, offset, coords=()):
     return torch.empty_like(y)
 
 

@@ -14,11 +14,12 @@ and serve what this path does not (autocast, devices or dtypes without kernels, 
 attention weights).
 
 Saved for backward: the block input, the layer norm statistics (post-LN: its input too;
-pre-LN recomputes its normalised input), and, for the explicit attention, the softmax output and the
-dropped probabilities: the explicit path is the CPU's (and CUDA's fallback), where the softmax
-kernel is the costliest step of the block and host time decides, so the softmax is not recomputed;
-the merged heads (the output GEMM's input, [Tq, B, E]) are, from the probabilities and v (one bmm
-and one copy). With SDPA (CUDA's path) nothing [B, H, Tq, Tk] is kept: SDPA saves its output and
+pre-LN recomputes its normalised input), and, for the explicit attention, the softmax output: the
+explicit path is the CPU's (and CUDA's fallback), where the softmax kernel is the costliest step of the
+block and host time decides, so the softmax is not recomputed. The dropped probabilities are drawn
+again from it in backward (`attention_dropout`, one pass with the forward's mask) rather than kept:
+with attention dropout that halves the [B, H, Tq, Tk] bytes a layer keeps. The merged heads (the
+output GEMM's input, [Tq, B, E]) are recomputed from the probabilities and v (one bmm and one copy). With SDPA (CUDA's path) nothing [B, H, Tq, Tk] is kept: SDPA saves its output and
 logsumexp, and the merged heads are rebuilt from its output. The explicit path does not keep q, k, v
 either: its backward projects them again from the block input (one GEMM per attention for 3 [B*H, T, hd]
 tensors, about a fifth of a layer's saved bytes); SDPA's own node keeps them on that path. The
@@ -53,7 +54,8 @@ class AttentionBlockConfig(NamedTuple):
 
 
 # The compiled ops the block calls: the block runs only where all of them have a kernel.
-OPS = ("layer_norm_fwd", "qkv_bias_split", "attention_softmax_fwd", "merge_heads", "bias_dropout_residual_fwd")
+OPS = ("layer_norm_fwd", "qkv_bias_split", "attention_softmax_fwd", "attention_dropout", "merge_heads",
+       "bias_dropout_residual_fwd")
 
 
 def _heads(t: torch.Tensor, num_heads: int) -> torch.Tensor:

@@ -1,5 +1,5 @@
 """Attention probabilities and the head split/merge around the attention GEMMs."""
-__all__ = ["AttentionCoords", "attention_softmax_dropout", "qkv_bias_split", "merge_heads"]
+__all__ = ["AttentionCoords", "attention_softmax_dropout", "attention_dropout", "qkv_bias_split", "merge_heads"]
 
 from typing import NamedTuple, Optional, Sequence, Union
 
@@ -90,6 +90,18 @@ def attention_softmax_dropout(scores: torch.Tensor, key_padding_mask: Optional[t
         raise ValueError(f"dropout offset must be >= 0, got {offset}")
     keep = keep_bits(stream_index(scores.shape, c, offset, scores.device), p, seed)
     return apply_keep(probs, keep, p).to(scores.dtype)
+
+
+def attention_dropout(y: torch.Tensor, p: float, seed: int = 0, offset: int = 0,
+                      coords: CoordsArg = None) -> torch.Tensor:
+    """y * keep / (1 - p) with the mask attention_softmax_dropout draws for scores of y's shape [B, H, Tq, Tk]
+    (the same p, seed, offset, coords): its dropped probabilities again from its softmax output y."""
+    if dropout_threshold(p) == 0:
+        return y
+    if offset < 0:
+        raise ValueError(f"dropout offset must be >= 0, got {offset}")
+    c = attention_coords(coords, y.shape)
+    return apply_keep(y, keep_bits(stream_index(y.shape, c, offset, y.device), p, seed), p)
 
 
 def qkv_bias_split(qkv: torch.Tensor, bias: torch.Tensor, num_heads: int):
