@@ -44,7 +44,7 @@ FAILED=0
 # fused projection + loss in fp16/bf16, the no-sync step, the dropout masks against the CPU, attention,
 # bf16 training end to end. Defined once: tests_new runs them, tests_rest every other CUDA test.
 TESTS_NEW="tests/ops/test_blocks.py tests/ops/test_cross_entropy.py tests/fairseq/test_no_sync.py
-  tests/ops/test_dropout.py tests/ops/test_attention.py tests/e2e/test_bf16.py"
+  tests/ops/test_dropout.py tests/ops/test_attention.py tests/ops/test_attention_bmm.py tests/e2e/test_bf16.py"
 TESTS_REST="tests $(for f in $TESTS_NEW; do printf -- '--ignore=%s ' "$f"; done)"
 # The steady-state training benchmark of the first call (docs/gpu_check.md: why these sizes fit in 220 s).
 BENCH_FIRST="--device cuda --arch-size big --max-tokens 8192 --corpus-pairs 200000 --pool 40 --warmup 40
