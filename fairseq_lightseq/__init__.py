@@ -10,7 +10,7 @@ from . import numpy_compat  # noqa: F401  (fairseq's np.compat.long under numpy 
 from . import ops  # noqa: F401
 from . import checkpoint_safety  # noqa: F401
 from . import checkpoint_io  # noqa: F401  (clear errors for unreadable checkpoints, atomic copies)
-from . import cli_config  # noqa: F401  (--bf16 without --tpu trains in bf16 on CUDA/CPU; torchrun on CPU)
+from . import cli_config  # noqa: F401  (--bf16 without --tpu trains in bf16 on CUDA/CPU; --fp16 and torchrun on CPU)
 from . import cpu_ddp  # noqa: F401  (--ddp-backend pytorch_ddp on CPU)
 from . import clean_exit  # noqa: F401  (fairseq's data-buffer threads stopped before exit: no abort)
 from . import criterions  # noqa: F401

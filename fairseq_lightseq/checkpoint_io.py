@@ -15,18 +15,23 @@ What fairseq (0.12.3.1) already does, and what this module adds (installed on im
   `CheckpointReadError` (a RuntimeError) naming the file, its size, the cause and the remedy.
   torch's safe loader refusing a foreign object (`Unsupported global`, see checkpoint_safety) is
   a different problem and is passed on unchanged.
+* The scripts (scripts/convert_checkpoint.py, scripts/average_checkpoints.py) read through
+  `load_file` / `require_file` here and end under `exit_on_read_error`, so a missing or damaged
+  input gives the same message as fairseq-generate, as one line (exit status 1, no traceback).
 """
+import contextlib
 import os
 import pickle
 import shutil
 import zipfile
 
+import torch
 from fairseq import checkpoint_utils
 from fairseq.file_io import PathManager
 
 
 class CheckpointReadError(RuntimeError):
-    """A checkpoint file exists but cannot be read (truncated, corrupted, not a checkpoint)."""
+    """A checkpoint cannot be read: truncated, corrupted, not a checkpoint (or, from `require_file`, missing)."""
 
 
 def _describe(path: str) -> str:
@@ -36,9 +41,18 @@ def _describe(path: str) -> str:
         return "size unknown"
 
 
+def _cause(err: BaseException) -> str:
+    """The first line of what `err` says. torch's safe loader opens every unpickling failure with advice
+    to retry with weights_only=False, which is wrong for a damaged file: keep what its unpickler said."""
+    text = str(err).strip()
+    if "WeightsUnpickler error:" in text:
+        text = text.split("WeightsUnpickler error:", 1)[1].strip()
+    return text.splitlines()[0] if text else type(err).__name__
+
+
 def read_error(path: str, err: BaseException) -> CheckpointReadError:
     """The error raised for an unreadable checkpoint `path` (cause `err`)."""
-    cause = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    cause = _cause(err)
     return CheckpointReadError(
         f"cannot read checkpoint {path} ({_describe(path)}): the file is truncated or corrupted "
         f"[{type(err).__name__}: {cause}]. It may have been cut short by an interrupted write or copy, or a full disk. "
@@ -61,14 +75,48 @@ def _is_safe_loader_refusal(err: BaseException) -> bool:
     return isinstance(err, pickle.UnpicklingError) and ("unsupported global" in msg or "add_safe_globals" in msg)
 
 
+@contextlib.contextmanager
+def _read_errors(path: str):
+    """Turns a load error of the file `path` that means a damaged file into read_error's."""
+    try:
+        yield
+    except _LOAD_ERRORS as e:
+        if _is_safe_loader_refusal(e) or isinstance(e, _NOT_CORRUPTION) or not os.path.isfile(path):
+            raise
+        raise read_error(path, e) from None  # the cause is in the message; no torch internals
+
+
+def require_file(path: str) -> None:
+    """Raises CheckpointReadError unless `path` is a file (fairseq's own tools check this themselves)."""
+    if not os.path.isfile(path):
+        what = "not a file" if os.path.exists(path) else "no such file"
+        raise CheckpointReadError(f"cannot read checkpoint {path}: {what}. Check the path, or list the save "
+                                  f"directory for the checkpoints it holds (checkpoint_last.pt, checkpoint_best.pt, ...).")
+
+
+def load_file(path: str):
+    """torch.load of a local checkpoint onto the CPU with torch's default (safe) loader, as it is
+    stored (without load_checkpoint_to_cpu's upgrades), raising CheckpointReadError for a missing or
+    damaged file."""
+    require_file(path)
+    with _read_errors(path):
+        return torch.load(path, map_location="cpu")
+
+
+@contextlib.contextmanager
+def exit_on_read_error(prog: str):
+    """For command-line scripts: a CheckpointReadError ends the program with `prog: message` on stderr
+    and exit status 1, without a traceback (the message names the file and what to do)."""
+    try:
+        yield
+    except CheckpointReadError as e:
+        raise SystemExit(f"{prog}: {e}") from None
+
+
 def _wrap_load(load):
     def load_checkpoint_to_cpu(path, arg_overrides=None, load_on_all_ranks=False):
-        try:
+        with _read_errors(path):
             return load(path, arg_overrides, load_on_all_ranks)
-        except _LOAD_ERRORS as e:
-            if _is_safe_loader_refusal(e) or isinstance(e, _NOT_CORRUPTION) or not os.path.isfile(path):
-                raise
-            raise read_error(path, e) from None  # the cause is in the message; no torch internals
     load_checkpoint_to_cpu.__doc__ = load.__doc__
     load_checkpoint_to_cpu._fls_wrapped = load
     return load_checkpoint_to_cpu

@@ -1,6 +1,6 @@
-"""Two corrections to the config fairseq's command-line tools build from their arguments, applied
-before the tool runs: `--bf16` trains in bfloat16 on the run's own device, and `torchrun` launches
-CPU training.
+"""Three corrections to the config fairseq's command-line tools build from their arguments, applied
+before the tool runs: `--bf16` trains in bfloat16 on the run's own device, `--fp16` trains on a CPU,
+and `torchrun` launches CPU training.
 
 Where: fairseq's argument post-processing (`fairseq.options.parse_args_and_arch`) runs inside the call
 that imports this plugin (`--user-dir`), so it cannot be changed there; the first fairseq function the
@@ -23,6 +23,17 @@ CLIs (fairseq-train, fairseq-validate, ...) look up afterwards is
    torch.cuda.device_count()`, a division by zero without GPUs. For a CPU run (`--cpu` or no CUDA)
    started by torchrun we fill in what fairseq would: `env://`, world size and rank from torchrun, no
    spawning, and device 0. GPU runs are left to fairseq.
+3. `--fp16` on a CPU (`unflatten_fp16_on_cpu`). fairseq's FP16Optimizer keeps its fp32 master copy
+   as one flat tensor per CUDA device unless `--fp16-no-flatten-grads`: it keys that tensor by
+   `torch.cuda.current_device()` (on a torch without CUDA: "Torch not compiled with CUDA enabled"
+   before the first update) and later finds a parameter's slice by `p.device.index`, which is None
+   for CPU tensors (with a CUDA torch and `--cpu`, no gradient would ever reach the master copy and
+   the model would never change). So for a CPU run with `--fp16` (not `--memory-efficient-fp16`,
+   which keeps no master copy) we set `fp16_no_flatten_grads`, as fairseq itself does for every
+   bf16 run: one fp32 copy per parameter, the same update. GPU runs are left to fairseq.
+   fairseq's trainer still calls `.cuda()` when it meets an fp16 overflow (trainer.py, the
+   OverflowError handler), for every model and both fp16 forms; that is inside its train_step and
+   is not changed here (see the README's known limits).
 """
 import logging
 import os
@@ -73,10 +84,27 @@ def infer_torchrun_on_cpu(cfg, environ=os.environ) -> bool:
     return True
 
 
+def unflatten_fp16_on_cpu(cfg) -> bool:
+    """Sets fp16_no_flatten_grads for a CPU run (`--cpu` or no CUDA) with --fp16 and fairseq's flat fp32
+    master copy, which only works on CUDA; returns whether it did."""
+    common = cfg.common
+    on_cpu = common.cpu or not torch.cuda.is_available()
+    if not (on_cpu and common.fp16) or common.memory_efficient_fp16 or common.fp16_no_flatten_grads or common.tpu:
+        return False
+    for name in cfg:  # the legacy `model` namespace holds a copy too
+        section = cfg[name]
+        if getattr(section, "fp16_no_flatten_grads", None) is False:
+            section.fp16_no_flatten_grads = True
+    logger.info("fairseq_lightseq: --fp16 on CPU: fp32 master weights per parameter (--fp16-no-flatten-grads); "
+                "fairseq's flat copy needs CUDA")
+    return True
+
+
 def _wrap_call_main(call_main):
     def wrapped(cfg, main, **kwargs):
         untie_bf16_from_tpu(cfg, sys.argv[1:])
         infer_torchrun_on_cpu(cfg)
+        unflatten_fp16_on_cpu(cfg)
         return call_main(cfg, main, **kwargs)
     wrapped.__doc__ = call_main.__doc__
     wrapped._fls_wrapped = call_main

@@ -22,6 +22,7 @@ from omegaconf import OmegaConf
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import fairseq_lightseq  # noqa: E402,F401  (safe-loader allowlist, checkpoint_io)
 from fairseq import checkpoint_utils  # noqa: E402
+from fairseq_lightseq import checkpoint_io  # noqa: E402
 
 
 def last_checkpoints(save_dir: str, n: int, by_update: bool):
@@ -38,6 +39,7 @@ def average(paths):
     """The newest state (paths[0]) with "model" = mean of the models of `paths`."""
     sums, newest = collections.OrderedDict(), None
     for path in paths:
+        checkpoint_io.require_file(path)  # fairseq's loader would raise a bare FileNotFoundError
         state = checkpoint_utils.load_checkpoint_to_cpu(path)
         if newest is None:
             newest = state
@@ -76,7 +78,8 @@ def main():
     else:
         paths = args.inputs
     print("average_checkpoints.py: averaging " + " ".join(paths), flush=True)
-    state = average(paths)
+    with checkpoint_io.exit_on_read_error("average_checkpoints.py"):  # one line, as fairseq-generate says it
+        state = average(paths)
     checkpoint_utils.torch_persistent_save(state, args.output)
     print(f"average_checkpoints.py: wrote {args.output}")
 

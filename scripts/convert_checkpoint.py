@@ -35,7 +35,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from fairseq_lightseq import checkpoint_safety  # noqa: E402,F401  (torch.load of fairseq checkpoints)
+from fairseq_lightseq import checkpoint_io, checkpoint_safety  # noqa: E402,F401  (safe torch.load, clear read errors)
 from fairseq_lightseq.families import CRITERIA, OPTIMIZERS, PREFIX, family_of  # noqa: E402
 
 PARTS = ("model", "criterion", "optimizer")
@@ -162,7 +162,8 @@ def main(argv=None):
     parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS),
                         help="what to convert (default: all three)")
     args = parser.parse_args(argv)
-    state = torch.load(args.input, map_location="cpu")  # weights_only (torch's default): safe
+    with checkpoint_io.exit_on_read_error("convert_checkpoint.py"):  # one line, as fairseq-generate says it
+        state = checkpoint_io.load_file(args.input)  # weights_only (torch's default): safe
     changes = convert_state(state, args.to, args.parts)
     tmp = args.output + ".tmp"
     torch.save(state, tmp)

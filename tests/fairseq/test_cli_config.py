@@ -1,7 +1,8 @@
 """fairseq_lightseq.cli_config: `--bf16` no longer implies `--tpu` (an explicit TPU request is kept);
-torchrun's environment sets up a CPU run. fairseq's own argument parsing and config conversion, then
+`--fp16` on a CPU keeps an fp32 master copy per parameter; torchrun's environment sets up a CPU run. fairseq's own argument parsing and config conversion, then
 fairseq's call_main as the CLIs call it."""
 import pytest
+import torch
 
 import fairseq_lightseq  # noqa: F401  (installs the call_main wrapper)
 from fairseq import options
@@ -11,9 +12,10 @@ from fairseq_lightseq import cli_config
 from fairseq_lightseq.optim.ls_adam import LSAdam
 
 
-def parsed(*flags, arch="ls_transformer", optimizer="ls_adam"):
-    """The config fairseq-train makes from `DATA --arch ARCH --optimizer OPTIMIZER --lr 0.001 --cpu FLAGS`."""
-    argv = ["data", "--arch", arch, "--optimizer", optimizer, "--lr", "0.001", "--cpu", *flags]
+def parsed(*flags, arch="ls_transformer", optimizer="ls_adam", cpu=True):
+    """The config fairseq-train makes from `DATA --arch ARCH --optimizer OPTIMIZER --lr 0.001 --cpu FLAGS`
+    (without --cpu when not `cpu`)."""
+    argv = ["data", "--arch", arch, "--optimizer", optimizer, "--lr", "0.001", *(["--cpu"] if cpu else []), *flags]
     return convert_namespace_to_omegaconf(options.parse_args_and_arch(options.get_training_parser(), argv)), argv
 
 
@@ -55,11 +57,44 @@ def test_call_main_sees_tpu_off(monkeypatch):
 @pytest.mark.parametrize("flags,step_with_scale", [([], True), (["--fp16"], True), (["--bf16"], False)])
 def test_ls_adam_unscales_itself_only_without_loss_scaler(flags, step_with_scale):
     """FP16Optimizer without a loss scaler (--bf16) never resets its clip factor after a scaled step."""
-    import torch
-
     cfg, _ = parsed(*flags)
     opt = LSAdam(cfg.optimizer, [torch.nn.Parameter(torch.randn(3))])
     assert opt.optimizer.supports_step_with_scale is step_with_scale
+
+
+@pytest.mark.parametrize("stack", [("ls_transformer", "ls_adam"), ("transformer", "adam")], ids=["ls", "native"])
+def test_fp16_on_cpu_keeps_a_master_copy_per_parameter(stack, monkeypatch):
+    """With fairseq's flat master copy, a CPU parameter never gets its update: the copy is keyed by
+    torch.cuda.current_device() (0 under a CUDA torch, stood in for here), the parameter's slice by
+    its device.index (None). After the correction the fp16 parameter moves."""
+    from fairseq import optim
+
+    cfg, _ = parsed("--fp16", arch=stack[0], optimizer=stack[1])
+    assert cfg.common.fp16 and not cfg.common.fp16_no_flatten_grads  # fairseq's parsing
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+
+    def step():
+        p = torch.nn.Parameter(torch.ones(4, dtype=torch.half))
+        opt = optim.FP16Optimizer.build_optimizer(cfg, [p])
+        opt.backward(p.float().sum())
+        opt.step()
+        return p.data
+
+    assert torch.equal(step(), torch.ones(4, dtype=torch.half))  # fairseq's flat copy: nothing happens
+    assert cli_config.unflatten_fp16_on_cpu(cfg)
+    assert cfg.common.fp16_no_flatten_grads and cfg.model.fp16_no_flatten_grads
+    assert (step() < 1).all()  # Adam's first step: 1 - lr
+
+
+@pytest.mark.parametrize("flags,cpu", [(["--memory-efficient-fp16"], True), (["--bf16"], True),
+                                       (["--fp16", "--fp16-no-flatten-grads"], True), ([], True), (["--fp16"], False)],
+                         ids=["memory_efficient", "bf16", "already_unflattened", "fp32", "gpu"])
+def test_fp16_flattening_left_alone(flags, cpu, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # a GPU run needs a CUDA torch
+    cfg, _ = parsed(*flags, cpu=cpu)
+    before = cfg.common.fp16_no_flatten_grads
+    assert not cli_config.unflatten_fp16_on_cpu(cfg)
+    assert cfg.common.fp16_no_flatten_grads == before
 
 
 TORCHRUN_ENV = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29511", "WORLD_SIZE": "2", "RANK": "1", "LOCAL_RANK": "1"}

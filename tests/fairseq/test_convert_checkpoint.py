@@ -1,7 +1,10 @@
 """scripts/convert_checkpoint.py rewrites the criterion and optimizer names everywhere a fairseq
 checkpoint records them (cfg sections, a legacy model's argparse copy, the old `args`, every
 optimizer_history entry), limited by --parts, and leaves names without a counterpart alone. The
-checkpoint is the shape fairseq-train writes for the legacy `transformer` model."""
+checkpoint is the shape fairseq-train writes for the legacy `transformer` model. On an unreadable
+input (random bytes, a short text file, a truncated checkpoint, no file) it and
+scripts/average_checkpoints.py end with one line naming the file and what to do, as fairseq-generate
+says it (fairseq_lightseq/checkpoint_io.py), exit status 1, no traceback."""
 import argparse
 import os
 import sys
@@ -114,3 +117,56 @@ def test_roberta_names_both_ways(arch, criterion, criterion_class, ls_criterion,
     assert (model.arch, model.criterion, state["optimizer_history"][-1]["criterion_name"]) == \
         (arch, criterion, criterion_class)
     assert isinstance(state["cfg"]["model"], argparse.Namespace)  # a legacy model on both sides
+
+
+def _unreadable(d, case):
+    """A path in d that is not a readable checkpoint: random bytes, a short text file, the first half
+    of a real checkpoint, or no file at all."""
+    import random
+
+    import torch
+
+    path = os.path.join(d, f"{case}.pt")
+    if case == "random":
+        open(path, "wb").write(random.Random(0).randbytes(3000))
+    elif case == "text":
+        open(path, "w").write("hello\n")
+    elif case == "truncated":
+        torch.save(dict(native_state(), model={"w": torch.zeros(20000)}), path)
+        data = open(path, "rb").read()
+        open(path, "wb").write(data[: len(data) // 2])
+    return path
+
+
+def _assert_one_clear_line(rc, out, prog, path, missing):
+    """Exit status 1 and, after the script's own progress lines, one line naming the file and what to do."""
+    assert rc == 1 and "Traceback" not in out, out
+    last = out.strip().splitlines()[-1]
+    assert last.startswith(f"{prog}: cannot read checkpoint {path}"), out
+    if missing:
+        assert "no such file. Check the path" in last, last
+    else:
+        assert "truncated or corrupted" in last and "--restore-file" in last, last
+        assert "weights_only" not in last  # torch's retry advice does not fit a damaged file
+
+
+@pytest.mark.parametrize("case", ["random", "text", "truncated", "missing"])
+def test_convert_script_on_an_unreadable_file(tmp_path, case):
+    from support.cli import CONVERT, run
+
+    path = _unreadable(str(tmp_path), case)
+    rc, out = run([sys.executable, CONVERT, path, str(tmp_path / "out.pt"), "--to", "lightseq"], str(tmp_path),
+                  check=False)
+    _assert_one_clear_line(rc, out, "convert_checkpoint.py", path, case == "missing")
+    assert not os.path.exists(tmp_path / "out.pt")
+
+
+@pytest.mark.parametrize("case", ["random", "missing"])
+def test_average_script_on_an_unreadable_file(tmp_path, case):
+    """scripts/average_checkpoints.py reads through fairseq's (wrapped) loader: the same message."""
+    from support.cli import run
+
+    path = _unreadable(str(tmp_path), case)
+    rc, out = run([sys.executable, os.path.join(ROOT, "scripts", "average_checkpoints.py"), "--inputs", path,
+                   "--output", str(tmp_path / "avg.pt")], str(tmp_path), check=False)
+    _assert_one_clear_line(rc, out, "average_checkpoints.py", path, case == "missing")

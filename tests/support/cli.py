@@ -143,11 +143,12 @@ def train(d: str, *args, check=True, user_dir=True):
     return run(["fairseq-train", "bin", *extra, *TINY, *args], d, check=check)
 
 
-def generate(d: str, path: str, *args, check=True):
-    """fairseq-generate bin --path path (test subset, beam 2, with --user-dir);
-    returns (returncode, log, {sentence id: (score, hypothesis)})."""
+def generate(d: str, path: str, *args, check=True, user_dir=True, **extra_env):
+    """fairseq-generate bin --path path (test subset, beam 2, with --user-dir unless not `user_dir`,
+    `extra_env` added to the environment); returns (returncode, log, {sentence id: (score, hypothesis)})."""
+    extra = ["--user-dir", USER_DIR] if user_dir else []
     rc, out = run(["fairseq-generate", "bin", "--path", path, "--gen-subset", "test", "--beam", "2",
-                   "--batch-size", "64", "--cpu", "--user-dir", USER_DIR, *args], d, check=check)
+                   "--batch-size", "64", "--cpu", *extra, *args], d, check=check, **extra_env)
     hyps = {}
     for line in out.splitlines():
         m = re.match(r"^H-(\d+)\t(\S+)\t(.*)$", line)
