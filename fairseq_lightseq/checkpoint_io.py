@@ -61,14 +61,29 @@ def _is_safe_loader_refusal(err: BaseException) -> bool:
     return isinstance(err, pickle.UnpicklingError) and ("unsupported global" in msg or "add_safe_globals" in msg)
 
 
+def _checked(path: str, load):
+    """load() with an unreadable `path` reported as CheckpointReadError; torch's safe loader refusing an
+    object, a missing or unreadable file are passed on unchanged."""
+    try:
+        return load()
+    except _LOAD_ERRORS as e:
+        if _is_safe_loader_refusal(e) or isinstance(e, _NOT_CORRUPTION) or not os.path.isfile(path):
+            raise
+        raise read_error(path, e) from None  # the cause is in the message; no torch internals
+
+
+def load_state(path: str) -> dict:
+    """The checkpoint dict as stored (torch's safe loader, on the CPU), with the errors above. Unlike
+    fairseq's load_checkpoint_to_cpu it does not upgrade the recorded config, so a converter that
+    writes the dict back (scripts/convert_checkpoint.py, export_ctranslate2) changes only the names."""
+    import torch
+
+    return _checked(path, lambda: torch.load(path, map_location="cpu", weights_only=True))
+
+
 def _wrap_load(load):
     def load_checkpoint_to_cpu(path, arg_overrides=None, load_on_all_ranks=False):
-        try:
-            return load(path, arg_overrides, load_on_all_ranks)
-        except _LOAD_ERRORS as e:
-            if _is_safe_loader_refusal(e) or isinstance(e, _NOT_CORRUPTION) or not os.path.isfile(path):
-                raise
-            raise read_error(path, e) from None  # the cause is in the message; no torch internals
+        return _checked(path, lambda: load(path, arg_overrides, load_on_all_ranks))
     load_checkpoint_to_cpu.__doc__ = load.__doc__
     load_checkpoint_to_cpu._fls_wrapped = load
     return load_checkpoint_to_cpu
