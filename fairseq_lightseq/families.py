@@ -1,6 +1,7 @@
 """The model families fairseq_lightseq implements, each next to fairseq's own: one table that the
-checkpoint converter (scripts/convert_checkpoint.py) and the benchmarks read, so that a new family is
-one entry here (plus its model and criterion files), not a branch in every script.
+checkpoint converter (checkpoint_convert.py, behind scripts/convert_checkpoint.py) and the benchmarks
+read, so that a new family is one entry here (plus its model and criterion files), not a branch in
+every script.
 
 A family pairs our registered model with fairseq's (same state_dict, same arch functions), and
 CRITERIA pairs our criteria with fairseq's (same options and logging). The optimizer pair is the

@@ -1,0 +1,121 @@
+"""Deploying with CTranslate2: `python -m fairseq_lightseq.export_ctranslate2` on a tiny ls_transformer
+trained through fairseq-train, then CTranslate2's beam search against fairseq-generate's on the same
+test split (tokens in, tokens out), and the command's refusals. Marked `e2e`; skipped, with one reason,
+where the ctranslate2 package is not installed (`make setup` installs it when pip can)."""
+import argparse
+import math
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from support import ROOT
+from support.cli import env, generate, make_data_bin, run, train_args
+
+ctranslate2 = pytest.importorskip("ctranslate2", reason="ctranslate2 is not installed (pip install ctranslate2)")
+
+from fairseq_lightseq import export_ctranslate2  # noqa: E402
+
+pytestmark = pytest.mark.e2e
+
+BEAM = 5
+MAX_LEN = 200  # fairseq-generate's default --max-len-b (with --max-len-a 0)
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    """A tiny ls_transformer trained 120 updates at lr 0.01 (target = the source in upper case; about a
+    third of the test sentences right, the others near misses: varied hypotheses), exported by the
+    documented command."""
+    d = str(tmp_path_factory.mktemp("ct2"))
+    make_data_bin(d, n_train=300, n_valid=20, n_test=40)
+    run(["fairseq-train", *train_args("bin", "ckpt", 120), "--lr", "0.01", "--no-epoch-checkpoints",
+         "--disable-validation"], d)
+    r = subprocess.run([sys.executable, "-m", "fairseq_lightseq.export_ctranslate2", os.path.join(d, "ckpt",
+                        "checkpoint_last.pt"), os.path.join(d, "bin"), os.path.join(d, "ct2")],
+                       cwd=ROOT, capture_output=True, text=True, timeout=300, env=env())
+    assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
+    assert "wrote" in r.stdout
+    return d
+
+
+def fairseq_generate(d):
+    """{id: (hypothesis tokens, per-token log-probs in nats incl. </s>)} of fairseq-generate on the ls checkpoint."""
+    _, out, hyps = generate(d, "ckpt/checkpoint_last.pt", "--beam", str(BEAM), "--max-len-b", str(MAX_LEN),
+                            "--required-batch-size-multiple", "1")
+    positional = {int(m.group(1)): [float(x) * math.log(2) for x in m.group(2).split()]  # printed in base 2
+                  for m in re.finditer(r"^P-(\d+)\t(.*)$", out, re.M)}
+    return {i: (hyp.split(), positional[i]) for i, (_, hyp) in hyps.items()}
+
+
+def test_ctranslate2_gives_fairseq_generate_hypotheses(exported):
+    d = exported
+    with open(os.path.join(d, "test.src")) as f:
+        sources = [line.split() for line in f]
+    ours = fairseq_generate(d)
+    assert sorted(ours) == list(range(len(sources)))
+    translator = ctranslate2.Translator(os.path.join(d, "ct2"), device="cpu", intra_threads=1)
+    results = translator.translate_batch(sources, beam_size=BEAM, max_decoding_length=MAX_LEN)
+    theirs = [r.hypotheses[0] for r in results]
+    # At the length cap the two differ by design: fairseq forces </s> at step MAX_LEN and ranks with its
+    # log-prob, CTranslate2 stops without it (a less trained model loops on some sentences).
+    capped = [i for i in range(len(sources)) if max(len(theirs[i]), len(ours[i][0])) >= MAX_LEN]
+    same = [i for i in range(len(sources)) if theirs[i] == ours[i][0]]
+    with open(os.path.join(d, "test.tgt")) as f:
+        right = sum(line.split() == ours[i][0] for i, line in enumerate(f))
+    print(f"CTranslate2 beam {BEAM}: {len(same)} of {len(sources)} hypotheses identical to fairseq-generate's "
+          f"({right} of them the reference); {len(capped)} at the {MAX_LEN}-token cap: {sorted(capped)}")
+    # The same model: CTranslate2's log-probabilities of fairseq's hypotheses are fairseq's to the printed
+    # precision (4 decimals, base 2), on every sentence.
+    scored = translator.score_batch(sources, [ours[i][0] for i in range(len(sources))])
+    worst = max(abs(a - b) for i, s in enumerate(scored) for a, b in zip(s.log_probs, ours[i][1], strict=True))
+    print(f"largest per-token log-prob difference {worst:.2e}")
+    assert worst < 1e-3
+    # and the same beam search: every hypothesis that ended with </s> before the cap is fairseq's.
+    assert set(range(len(sources))) - set(capped) <= set(same)
+    assert len(capped) <= len(sources) // 4  # mostly finished hypotheses, or the check above is weak
+
+
+def test_force_replaces_the_directory_with_int8_weights(exported, capsys):
+    d = exported
+    out = os.path.join(d, "ct2_int8")
+    os.makedirs(out)
+    args = [os.path.join(d, "ckpt", "checkpoint_last.pt"), os.path.join(d, "bin"), out]
+    with pytest.raises(SystemExit) as e:
+        export_ctranslate2.main(args)
+    assert e.value.code == 1 and "already exists (--force replaces it)" in capsys.readouterr().err
+    export_ctranslate2.main(args + ["--force", "--quantization", "int8"])
+    translator = ctranslate2.Translator(out, device="cpu", intra_threads=1)
+    assert translator.translate_batch([["w1", "w2", "w3"]], beam_size=2)[0].hypotheses[0]
+
+
+def lm_state(path):
+    """A language-model checkpoint as ls_transformer_lm records it (a legacy Namespace)."""
+    torch.save({"args": None, "cfg": {"model": argparse.Namespace(_name="ls_transformer_lm", arch="ls_transformer_lm")},
+                "model": {}}, path)
+    return path
+
+
+@pytest.mark.parametrize("case", ["no_checkpoint", "no_data_bin", "language_model", "quantization"])
+def test_refusals_name_the_reason(exported, tmp_path, capsys, case):
+    d = exported
+    ckpt, data_bin, out, extra = os.path.join(d, "ckpt", "checkpoint_last.pt"), os.path.join(d, "bin"), \
+        str(tmp_path / "out"), []
+    expected = {"no_checkpoint": "is not a file", "no_data_bin": "is not a directory",
+                "language_model": "only translation models", "quantization": "is not one of CTranslate2's"}[case]
+    if case == "no_checkpoint":
+        ckpt = str(tmp_path / "missing.pt")
+    elif case == "no_data_bin":
+        data_bin = str(tmp_path / "missing_bin")
+    elif case == "language_model":
+        ckpt = lm_state(str(tmp_path / "lm.pt"))
+    else:
+        extra = ["--quantization", "int3"]
+    with pytest.raises(SystemExit) as e:
+        export_ctranslate2.main([ckpt, data_bin, out, *extra])
+    err = capsys.readouterr().err
+    assert e.value.code == 1 and expected in err, err
+    assert not os.path.exists(out)
