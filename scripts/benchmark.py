@@ -420,6 +420,20 @@ def machine(load_before) -> dict:
             "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None}
 
 
+def finish(res: dict, t0: float, load_before, argv, json_path) -> None:
+    """Adds the wall time, the machine and argv to res, prints the closing line, writes res to json_path."""
+    res["wall_s"] = time.perf_counter() - t0
+    res["machine"] = machine(load_before)
+    res["argv"] = sys.argv[1:] if argv is None else list(argv)
+    m = res["machine"]
+    print(f"done in {res['wall_s']:.0f} s; {m['nproc']} x {m['cpu']}; load average (1, 5, 15 min) before "
+          f"{', '.join(f'{x:.1f}' for x in m['loadavg_before'])}, after "
+          f"{', '.join(f'{x:.1f}' for x in m['loadavg_after'])}", flush=True)
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump(res, f, indent=1)
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
@@ -551,17 +565,7 @@ def main(argv=None):
     load_before = os.getloadavg()
     t0 = time.perf_counter()
     res = host_overhead(a) if a.host_overhead else activation_bytes(a) if a.activation_bytes else throughput(a)
-    res["wall_s"] = time.perf_counter() - t0
-    res["machine"] = machine(load_before)
-    res["argv"] = sys.argv[1:] if argv is None else list(argv)
-    m = res["machine"]
-    print(f"done in {res['wall_s']:.0f} s; {m['nproc']} x {m['cpu']}; load average (1, 5, 15 min) before "
-          f"{', '.join(f'{x:.1f}' for x in m['loadavg_before'])}, after "
-          f"{', '.join(f'{x:.1f}' for x in m['loadavg_after'])}", flush=True)
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(res, f, indent=1)
-
+    finish(res, t0, load_before, argv, a.json)
 
 if __name__ == "__main__":
     main()
