@@ -32,7 +32,9 @@ fairseq_lightseq.sequence_parallel.collectives, checked against the volumes of t
 (bench_support/sp_cells.expected_bytes) for the whole model.
 
 --attention sdpa runs torch's fused attention on the CPU too (SDPA_MODE = "always": nothing T x T
-kept for backward; the dropout then draws from torch's generator). With the explicit attention, a
+kept for backward; the dropout then draws from torch's generator). The model is built with its family's
+fairseq task (language_modeling, translation), whose rows are right padded: the decoder's causal
+self-attention then runs SDPA without a padding mask (ops.blocks.attention.sdpa_key_padding_mask). With the explicit attention, a
 sharded call passes its coordinates to the compiled softmax-dropout op (the single-process masks).
 """
 import argparse

@@ -1,5 +1,5 @@
-"""What every ls_* model shares: the refusal of fairseq options our layers do not implement, and a
-cheap model.train()."""
+"""What every ls_* model shares: the refusal of fairseq options our layers do not implement, the
+padding side of the decoder's rows, and a cheap model.train()."""
 from torch import nn
 
 from ..modules.transformer_layer import FAIRSEQ_ACTIVATIONS
@@ -46,6 +46,26 @@ def check_supported(args, model: str = "ls_transformer", native: str = "transfor
     if act not in FAIRSEQ_ACTIVATIONS:
         raise ValueError(f"{model} does not support --activation-fn {act}; "
                          f"supported: {', '.join(FAIRSEQ_ACTIVATIONS)}")
+
+
+def right_padded_targets(task) -> bool:
+    """Whether `task`'s batches give the decoder right-padded rows (each row its real tokens, then only
+    padding), as LSTransformerDecoder.right_padded wants to know; False where that is not known.
+
+    - fairseq's language_modeling task (and its subclasses): MonolingualDataset collates with
+      left_pad=False, LMContextWindowDataset (fairseq-eval-lm --context-window) appends its padding after
+      the row, and build_dataset_for_inference pads with left_pad=False;
+    - fairseq's translation task (and its subclasses, which load LanguagePairDataset with the task's own
+      option): prev_output_tokens are padded on the left only with --left-pad-target True;
+    - anything else (other tasks, a decoder built without a task): unknown, the mask is kept."""
+    from fairseq.tasks.language_modeling import LanguageModelingTask
+    from fairseq.tasks.translation import TranslationTask
+
+    if isinstance(task, LanguageModelingTask):
+        return True
+    if isinstance(task, TranslationTask):
+        return not bool(getattr(task.cfg, "left_pad_target", True))
+    return False
 
 
 class LSModelMixin:

@@ -11,7 +11,7 @@ from fairseq.models.transformer import transformer_legacy as fs
 
 from ..modules.transformer import LSTransformerDecoder, LSTransformerEncoder
 from ..sequence_parallel import options as sequence_parallel_options
-from .common import LSModelMixin, check_supported, register_architectures
+from .common import LSModelMixin, check_supported, register_architectures, right_padded_targets
 
 
 @register_model("ls_transformer")
@@ -31,6 +31,7 @@ class LSTransformerModel(LSModelMixin, TransformerModel):
         model = super().build_model(args, task)
         sp = sequence_parallel_options.setup(args, task)
         model.encoder.sequence_parallel = model.decoder.sequence_parallel = sp
+        model.decoder.right_padded = right_padded_targets(task)
         return model
 
     @classmethod

@@ -26,7 +26,7 @@ from fairseq.models.transformer_lm import TransformerLanguageModel, TransformerL
 
 from ..modules.transformer import LSTransformerDecoder
 from ..sequence_parallel import options as sequence_parallel_options
-from .common import LSModelMixin, check_supported, register_architectures
+from .common import LSModelMixin, check_supported, register_architectures, right_padded_targets
 
 NAME = "ls_transformer_lm"
 
@@ -55,6 +55,7 @@ class LSTransformerLanguageModel(LSModelMixin, TransformerLanguageModel):
         embed_tokens = cls.build_embedding(args, task.source_dictionary, args.decoder_input_dim)
         decoder = LSTransformerDecoder(args, task.target_dictionary, embed_tokens, no_encoder_attn=True)
         decoder.sequence_parallel = sequence_parallel_options.setup(args, task)
+        decoder.right_padded = right_padded_targets(task)
         return cls(decoder)
 
 

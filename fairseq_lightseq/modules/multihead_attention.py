@@ -23,7 +23,7 @@ from fairseq.modules import FairseqDropout
 
 from .. import ops
 from ..ops import _backend
-from ..ops.blocks.attention import _sdpa_mask, sdpa_supported
+from ..ops.blocks.attention import _sdpa_mask, sdpa_key_padding_mask, sdpa_supported
 
 # When to use torch's fused scaled_dot_product_attention instead of the explicit
 # bmm -> ops.attention_softmax_dropout -> bmm path: "auto" = on CUDA, and on the CPU when the attention
@@ -122,8 +122,8 @@ class LSMultiheadAttention(nn.Module):
 
     def forward(self, query: Tensor, key: Optional[Tensor] = None, key_padding_mask: Optional[Tensor] = None,
                 causal: bool = False, incremental_state: Optional[IncrementalState] = None,
-                need_weights: bool = False, attn_dropout: Optional[ops.Dropout] = None
-                ) -> Tuple[Tensor, Optional[Tensor]]:
+                need_weights: bool = False, attn_dropout: Optional[ops.Dropout] = None,
+                right_padded: bool = False) -> Tuple[Tensor, Optional[Tensor]]:
         """
         query: [Tq, B, E]; key: [Tk, B, kdim] (encoder-decoder attention; ignored for self-attention);
         key_padding_mask: [B, Tk] bool, True at padding (for self-attention with incremental_state:
@@ -131,7 +131,9 @@ class LSMultiheadAttention(nn.Module):
         incremental_state: fairseq's generation cache; self-attention appends the new keys/values,
         encoder-decoder attention projects the encoder output once and reuses it.
         attn_dropout: the draw over the [B, H, Tq, Tk] probabilities (default: p = self.dropout_module.p with
-        a fresh seed when dropout is active).
+        a fresh seed when dropout is active). right_padded: every row is its real tokens then padding
+        and the keys are whole rows (no incremental state): SDPA may then leave the padding mask out
+        (ops.blocks.attention.sdpa_key_padding_mask).
         Returns (output projection WITHOUT out_proj.bias [Tq, B, E], attention weights averaged over
         heads [B, Tq, Tk] if need_weights else None).
         """
@@ -164,20 +166,23 @@ class LSMultiheadAttention(nn.Module):
                     self._set_input_buffer(incremental_state, {"prev_key": k, "prev_value": v})
         if attn_dropout is None:
             attn_dropout = _backend.draw(self.dropout_module.p, self.dropout_active)
-        out, weights = self._attend(q, k, v, key_padding_mask, causal, need_weights, attn_dropout)
+        out, weights = self._attend(q, k, v, key_padding_mask, causal, need_weights, attn_dropout,
+                                    right_padded=right_padded and incremental_state is None)
         return F.linear(out, self.out_proj.weight), weights
 
     def _attend(self, q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Optional[Tensor], causal: bool,
-                need_weights: bool, attn_dropout: ops.Dropout, coords: Optional[ops.AttentionCoords] = None
-                ) -> Tuple[Tensor, Optional[Tensor]]:
+                need_weights: bool, attn_dropout: ops.Dropout, coords: Optional[ops.AttentionCoords] = None,
+                right_padded: bool = False) -> Tuple[Tensor, Optional[Tensor]]:
         """q: [B, H, Tq, hd]; k, v: [B, H, Tk, hd] -> ([Tq, B, E], weights [B, Tq, Tk] or None). coords: where
-        these scores sit in a larger problem (sequence parallelism), for the explicit path's dropout."""
+        these scores sit in a larger problem (sequence parallelism), for the explicit path's dropout;
+        right_padded: see forward (SDPA only; the explicit path keeps the mask)."""
         B, H, Tq, hd = q.shape
         Tk = k.size(2)
+        sdpa_kpm = sdpa_key_padding_mask(key_padding_mask, causal, right_padded)
         # with a padding mask, _sdpa_mask builds the causal band explicitly, for any Tq and Tk
-        if not need_weights and use_sdpa(q, attn_dropout.p) and (key_padding_mask is not None or sdpa_supported(causal, Tq, Tk)):
+        if not need_weights and use_sdpa(q, attn_dropout.p) and (sdpa_kpm is not None or sdpa_supported(causal, Tq, Tk)):
             # Fused attention: no [B, H, Tq, Tk] tensor in memory (masks: see _sdpa_mask).
-            mask, is_causal = _sdpa_mask(key_padding_mask, causal, Tq, Tk)
+            mask, is_causal = _sdpa_mask(sdpa_kpm, causal, Tq, Tk, q.device)
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=attn_dropout.p,
                                                  is_causal=is_causal, scale=self.scaling)
             return out.permute(2, 0, 1, 3).reshape(Tq, B, H * hd), None

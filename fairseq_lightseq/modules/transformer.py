@@ -179,6 +179,12 @@ class LSTransformerEncoder(_DropoutStreamMixin, TransformerEncoderBase):
 class LSTransformerDecoder(_DropoutStreamMixin, TransformerDecoderBase):
     """Decoder: fused embedding -> N x LSTransformerDecoderLayer -> [layer_norm] -> output projection."""
 
+    # Whether the task pads prev_output_tokens on the right (every row: its real tokens, then padding), so
+    # that causal self-attention under SDPA may leave the padding mask out (ops.blocks.attention.
+    # sdpa_key_padding_mask). Set at build from the task (models.common.right_padded_targets); False (the
+    # mask kept) for a decoder built any other way.
+    right_padded: bool = False
+
     def __init__(self, cfg, dictionary, embed_tokens, no_encoder_attn=False, output_projection=None):
         super().__init__(_cfg(cfg), dictionary, embed_tokens, no_encoder_attn=no_encoder_attn,
                          output_projection=output_projection)
@@ -239,7 +245,7 @@ class LSTransformerDecoder(_DropoutStreamMixin, TransformerDecoderBase):
                                   causal=not full_context_alignment,
                                   need_attn=idx == alignment_layer and not self.training,
                                   dropout_seed=seed, dropout_site=1 + idx * SITES_PER_LAYER, shard=shard,
-                                  encoder_total=encoder_total)
+                                  encoder_total=encoder_total, right_padded=self.right_padded)
             inner_states.append(x)
             if layer_attn is not None and idx == alignment_layer:
                 attn = layer_attn.float().to(x)

@@ -32,6 +32,7 @@ from fairseq.modules import FairseqDropout
 from .. import ops
 from ..ops import _backend
 from ..ops.blocks import AttentionBlockConfig, FeedForwardBlockConfig, attention_block, feed_forward_block
+from ..ops.blocks.attention import sdpa_key_padding_mask, sdpa_supported
 from ..ops.reference.dropout import ACTIVATIONS
 from ..sequence_parallel.attention import sharded_attention
 from ..sequence_parallel.sharding import Shard
@@ -109,13 +110,18 @@ class _TransformerLayerBase(nn.Module):
         return _blocks_have_kernels(device_type)
 
     def _attention_block(self, attn: LSMultiheadAttention, ln: nn.LayerNorm, x: Tensor, memory: Optional[Tensor],
-                         key_padding_mask: Optional[Tensor], causal: bool, seed: Optional[int], site: int) -> Tensor:
+                         key_padding_mask: Optional[Tensor], causal: bool, seed: Optional[int], site: int,
+                         right_padded: bool = False) -> Tensor:
+        """right_padded: see LSTransformerDecoderLayer.forward; under SDPA the block then gets no padding mask
+        (sdpa_key_padding_mask), and its C++ sdpa_mask uses SDPA's causal flag."""
         Tk = x.shape[0] if memory is None else memory.shape[0]
         attn_dropout = _backend.draw(attn.dropout_module.p, attn.dropout_active, seed, site)
         cfg = AttentionBlockConfig(
             attn.num_heads, attn.scaling, causal, self.normalize_before, ln.eps, attn_dropout,
             self._draw(self.dropout_module.p, seed, site + 1),
-            use_sdpa(x, attn_dropout.p) and ops.blocks.attention.sdpa_supported(causal, x.shape[0], Tk))
+            use_sdpa(x, attn_dropout.p) and sdpa_supported(causal, x.shape[0], Tk, compiled=True))
+        if cfg.sdpa:
+            key_padding_mask = sdpa_key_padding_mask(key_padding_mask, causal, right_padded)
         q, k, v, o = attn.q_proj, attn.k_proj, attn.v_proj, attn.out_proj
         return attention_block(x, memory, key_padding_mask, ln.weight, ln.bias, q.weight, q.bias, k.weight, k.bias,
                                v.weight, v.bias, o.weight, o.bias, cfg)
@@ -134,7 +140,8 @@ class _TransformerLayerBase(nn.Module):
     def _attention_chain(self, attn: LSMultiheadAttention, ln: nn.LayerNorm, x: Tensor, seed: Optional[int],
                          site: int, shard: Optional[Shard] = None, **attn_kwargs):
         """Returns (x [T, B, E], attention weights or None). With a shard (sequence parallelism), x is
-        this rank's rows and attn_kwargs are sharded_attention's (memory, key_padding_mask, causal, k_total)."""
+        this rank's rows and attn_kwargs are sharded_attention's (memory, key_padding_mask, causal, k_total,
+        right_padded)."""
         residual = x
         if self.normalize_before:
             x = _layer_norm(ln, x)
@@ -250,21 +257,26 @@ class LSTransformerDecoderLayer(_TransformerLayerBase):
                 incremental_state: Optional[IncrementalState] = None,
                 self_attn_padding_mask: Optional[Tensor] = None, causal: bool = True,
                 need_attn: bool = False, dropout_seed: Optional[int] = None, dropout_site: int = 0,
-                shard: Optional[Shard] = None, encoder_total: Optional[int] = None):
+                shard: Optional[Shard] = None, encoder_total: Optional[int] = None, right_padded: bool = False):
         """
         x: [T, B, E] (T = 1 in a generation step); encoder_out: [S, B, E_enc];
         encoder_padding_mask: [B, S] bool; self_attn_padding_mask: [B, T] bool or None;
         causal: mask future positions (off only for full-context alignment); dropout_seed,
         dropout_site: as the encoder layer's (6 sites used). shard: with sequence parallelism, the
         rows x holds ([T_pad/P, B, E]; self_attn_padding_mask is then [B, T_pad], encoder_out the
-        gathered [S_pad, B, E_enc] with its [B, S_pad] mask, encoder_total = S).
+        gathered [S_pad, B, E_enc] with its [B, S_pad] mask, encoder_total = S). right_padded: every row of x
+        is its real tokens then padding (the decoder decides, from the task: LSTransformerDecoder.right_padded);
+        causal self-attention under SDPA then leaves the padding mask out (sdpa_key_padding_mask says why
+        that is exact for every row that reaches the loss). Ignored with incremental_state.
         Returns (x [T, B, E], encoder attention averaged over heads [B, T, S] if need_attn else None).
         """
         seed, k = self._seed(dropout_seed), dropout_site
         cross = self.encoder_attn is not None and encoder_out is not None
+        right_padded = right_padded and incremental_state is None
         if shard is not None:
             x, _ = self._attention_chain(self.self_attn, self.self_attn_layer_norm, x, seed, k, shard, memory=None,
-                                         key_padding_mask=self_attn_padding_mask, causal=causal, k_total=shard.total)
+                                         key_padding_mask=self_attn_padding_mask, causal=causal, k_total=shard.total,
+                                         right_padded=right_padded)
             if cross:
                 x, _ = self._attention_chain(self.encoder_attn, self.encoder_attn_layer_norm, x, seed, k + 2, shard,
                                              memory=encoder_out, key_padding_mask=encoder_padding_mask, causal=False,
@@ -273,14 +285,14 @@ class LSTransformerDecoderLayer(_TransformerLayerBase):
         need_weights = need_attn and self.need_attn
         if incremental_state is None and not (cross and need_weights) and self._use_blocks(x):
             x = self._attention_block(self.self_attn, self.self_attn_layer_norm, x, None, self_attn_padding_mask,
-                                      causal, seed, k)
+                                      causal, seed, k, right_padded)
             if cross:
                 x = self._attention_block(self.encoder_attn, self.encoder_attn_layer_norm, x, encoder_out,
                                           encoder_padding_mask, False, seed, k + 2)
             return self._ffn_block(x, seed, k + 4), None
         x, _ = self._attention_chain(self.self_attn, self.self_attn_layer_norm, x, seed, k,
                                      key_padding_mask=self_attn_padding_mask, causal=causal,
-                                     incremental_state=incremental_state)
+                                     incremental_state=incremental_state, right_padded=right_padded)
         attn = None
         if cross:
             x, attn = self._attention_chain(self.encoder_attn, self.encoder_attn_layer_norm, x, seed, k + 2,

@@ -36,20 +36,23 @@ from .sharding import Shard
 
 
 def sharded_attention(attn: LSMultiheadAttention, x: Tensor, memory: Optional[Tensor], key_padding_mask: Tensor,
-                      causal: bool, dropout: Dropout, q_shard: Shard, k_total: int) -> Tensor:
+                      causal: bool, dropout: Dropout, q_shard: Shard, k_total: int, right_padded: bool = False
+                      ) -> Tensor:
     """One attention sublayer on this rank's rows.
 
     x: [Tq/P, B, E] this rank's query rows (already normalised for pre-LN); memory: [S_pad, B, E_enc] the
     gathered encoder output for cross-attention, None for self-attention; key_padding_mask: [B, Tk_pad]
     bool (True = pad) over all keys; dropout: the attention-probability draw; q_shard: the query rows'
-    shard (self-attention: also the keys'); k_total: the unpadded number of keys. Returns the output
+    shard (self-attention: also the keys'); k_total: the unpadded number of keys; right_padded: every row is
+    its real tokens then padding (the shard's own padding rows come last too), so SDPA may leave the padding
+    mask out (ops.blocks.attention.sdpa_key_padding_mask). Returns the output
     projection WITHOUT out_proj.bias, [Tq/P, B, E] (the caller adds it with the residual)."""
     if q_shard.mode == "ulysses":
-        return _ulysses(attn, x, memory, key_padding_mask, causal, dropout, q_shard, k_total)
-    return _allgather(attn, x, memory, key_padding_mask, causal, dropout, q_shard, k_total)
+        return _ulysses(attn, x, memory, key_padding_mask, causal, dropout, q_shard, k_total, right_padded)
+    return _allgather(attn, x, memory, key_padding_mask, causal, dropout, q_shard, k_total, right_padded)
 
 
-def _ulysses(attn, x, memory, key_padding_mask, causal, dropout, shard: Shard, k_total):
+def _ulysses(attn, x, memory, key_padding_mask, causal, dropout, shard: Shard, k_total, right_padded):
     Tl, B, E = x.shape
     H, hd, P = attn.num_heads, attn.head_dim, shard.size
     Hl = H // P
@@ -67,13 +70,13 @@ def _ulysses(attn, x, memory, key_padding_mask, causal, dropout, shard: Shard, k
         k = _heads(F.linear(memory, attn.k_proj.weight[mine], attn.k_proj.bias[mine]), Hl)
         v = _heads(F.linear(memory, attn.v_proj.weight[mine], attn.v_proj.bias[mine]), Hl)
     coords = ops.AttentionCoords(H, h0, shard.total, 0, k_total, 0)
-    out = _attend(attn, q, k, v, key_padding_mask, causal, dropout, coords, B)  # [T_pad, B, Hl*hd]
+    out = _attend(attn, q, k, v, key_padding_mask, causal, dropout, coords, B, right_padded)  # [T_pad, B, Hl*hd]
     # [T_pad, B, H/P, hd] -> [Tl, B, H, hd]: every rank's heads for this rank's rows
     out = all_to_all(out.view(shard.padded, B, Hl, hd), 0, 2, shard.group)
     return F.linear(out.reshape(Tl, B, E), attn.out_proj.weight)
 
 
-def _allgather(attn, x, memory, key_padding_mask, causal, dropout, shard: Shard, k_total):
+def _allgather(attn, x, memory, key_padding_mask, causal, dropout, shard: Shard, k_total, right_padded):
     Tl, B, E = x.shape
     H = attn.num_heads
     if memory is None:
@@ -90,7 +93,7 @@ def _allgather(attn, x, memory, key_padding_mask, causal, dropout, shard: Shard,
         k = _heads(F.linear(memory, attn.k_proj.weight, attn.k_proj.bias), H)
         v = _heads(F.linear(memory, attn.v_proj.weight, attn.v_proj.bias), H)
     coords = ops.AttentionCoords(H, 0, shard.total, shard.start, k_total, 0)
-    out = _attend(attn, q, k, v, key_padding_mask, causal, dropout, coords, B)
+    out = _attend(attn, q, k, v, key_padding_mask, causal, dropout, coords, B, right_padded)
     return F.linear(out, attn.out_proj.weight)
 
 
@@ -102,9 +105,9 @@ def _project(x: Tensor, *weights: Tensor) -> Tensor:
 
 
 def _attend(attn: LSMultiheadAttention, q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Tensor, causal: bool,
-            dropout: Dropout, coords, B: int) -> Tensor:
+            dropout: Dropout, coords, B: int, right_padded: bool) -> Tensor:
     """q: [B*H, Tq, hd]; k, v: [B*H, Tk, hd] (k, v may be strided) -> merged heads [Tq, B, H*hd], through the
     module's own attention (explicit with the coordinates, or SDPA)."""
     BH, _, hd = q.shape
     heads = [t.view(B, BH // B, -1, hd) for t in (q, k, v)]
-    return attn._attend(*heads, key_padding_mask, causal, False, dropout, coords)[0]
+    return attn._attend(*heads, key_padding_mask, causal, False, dropout, coords, right_padded)[0]

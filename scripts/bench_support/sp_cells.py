@@ -3,8 +3,8 @@ run in this process over torch's fake process group (collectives allocate their 
 nothing; collectives.py still counts the bytes a real group would send).
 
 - `build(cfg)`: the model of cfg's arch (ls_transformer by default, or any arch of
-  fairseq_lightseq/families.py's table, e.g. ls_transformer_lm_gpt2_small; fairseq's build_model, a
-  Dictionary of cfg's vocab) and its family's criterion, all dropouts as given;
+  fairseq_lightseq/families.py's table, e.g. ls_transformer_lm_gpt2_small; fairseq's build_model with the
+  family's fairseq task, a Dictionary of cfg's vocab) and its family's criterion, all dropouts as given;
 - `sample(...)`: B full-length sentences of S = T random tokens (a language model: B blocks of T);
 - `expected_bytes(...)`: the bytes one rank sends per direction (forward = backward), from the issue's
   per-layer volumes;
@@ -28,6 +28,21 @@ class _Task:
         self.source_dictionary = self.target_dictionary = dictionary
 
 
+def _task(family, dictionary):
+    """The family's fairseq task (language_modeling, translation with its defaults) over `dictionary`, so
+    that the model is built as fairseq-train builds it (the decoder's padding side, right for both, comes
+    from the task: models.common.right_padded_targets); a stub with the dictionaries for the others."""
+    if family.task == "language_modeling":
+        from fairseq.tasks.language_modeling import LanguageModelingConfig, LanguageModelingTask
+
+        return LanguageModelingTask(LanguageModelingConfig(), dictionary)
+    if family.task == "translation":
+        from fairseq.tasks.translation import TranslationConfig, TranslationTask
+
+        return TranslationTask(TranslationConfig(), dictionary, dictionary)
+    return _Task(dictionary)
+
+
 def build(cfg: dict, max_positions: int):
     """(task, model, criterion), float32 on the CPU, train mode. cfg: "arch" (None: ls_transformer), the
     widths embed_dim, ffn_dim, heads, layers (encoder and decoder alike; None: the arch's own), vocab
@@ -44,7 +59,7 @@ def build(cfg: dict, max_positions: int):
     d = Dictionary()
     for i in range(cfg["vocab"]):
         d.add_symbol(f"w{i}")
-    task = _Task(d)
+    task = _task(family, d)
     widths = {"embed_dim": cfg.get("embed_dim"), "ffn_embed_dim": cfg.get("ffn_dim"),
               "attention_heads": cfg.get("heads"), "layers": cfg.get("layers")}
     p = cfg["dropout"]

@@ -29,9 +29,15 @@ so it always matches the current parameters.
 from typing import NamedTuple, Optional
 
 import torch
+import torch._guards
 
 from .. import _backend
 from .._backend import Dropout
+
+try:
+    from torch.nn.attention.bias import causal_lower_right
+except ImportError:  # torch < 2.2: _lower_right_band builds the [Tq, Tk] band itself
+    causal_lower_right = None
 
 
 class AttentionBlockConfig(NamedTuple):
@@ -64,16 +70,46 @@ def _heads(t: torch.Tensor, num_heads: int) -> torch.Tensor:
     return t.reshape(T, B * num_heads, E // num_heads).transpose(0, 1).contiguous()
 
 
-def _sdpa_mask(key_padding_mask: Optional[torch.Tensor], causal: bool, Tq: int, Tk: int):
-    """SDPA's boolean attend-mask [B, 1, Tq, Tk] (True = attend) and is_causal flag.
+def sdpa_key_padding_mask(key_padding_mask: Optional[torch.Tensor], causal: bool,
+                          right_padded: bool) -> Optional[torch.Tensor]:
+    """The key padding mask torch SDPA needs: None for causal attention over right-padded rows, else
+    key_padding_mask. The one place that decides; the module, sequence-parallel and compiled-block paths
+    call it (the explicit attention keeps its mask whatever this says).
 
-    Without a padding mask, causal attention is SDPA's is_causal (Tq == Tk) or no mask at all
-    (Tq == 1). With one, a key padding mask alone is broadcast over the queries (a source row has
-    at least one real token); causal + padding is the causal band minus the pad keys, and a row
-    left with no key at all (a pad query before every real token: left-padded targets) attends to
+    right_padded: every row of the batch is its real tokens then only padding (fairseq's language_modeling
+    task, whose MonolingualDataset and LMContextWindowDataset pad on the right; translation targets unless
+    --left-pad-target), so a row of length n has its pad keys at j >= n, and the attention has all its
+    keys (self-attention without incremental state). Why dropping the mask is correct there:
+    - a real query i < n sees keys j <= i under the causal rule, all real: the pad-key mask removes
+      nothing from its row, so causal attention without it gives the same row;
+    - a pad query i >= n now also attends to pad keys j in [n, i] (its output differs, finite: key 0 is
+      always in its band), but nothing reaching the loss depends on it: real queries never attend to pad
+      rows' keys or values (j >= n > i), the feed-forward and norms are token-wise, and the criterion
+      ignores pad targets; so the loss, and every gradient (a pad row's gradient is exactly zero, in
+      either version), are the masked version's.
+    What it saves: SDPA then runs with its causal flag (or the lower-right band for a sequence-parallel
+    allgather rank's queries; _sdpa_mask) instead of keeping a [B, 1, Tq, Tk] mask per layer for backward.
+    Left-padded or unknown rows keep the mask: there a real query does reach pad keys."""
+    if causal and right_padded:
+        return None
+    return key_padding_mask
+
+
+def _sdpa_mask(key_padding_mask: Optional[torch.Tensor], causal: bool, Tq: int, Tk: int,
+               device: Optional[torch.device] = None):
+    """SDPA's attn_mask (boolean [B, 1, Tq, Tk], True = attend, or torch's CausalBias) and is_causal flag.
+
+    Without a padding mask, causal attention is SDPA's is_causal (Tq == Tk), no mask at all (Tq == 1), or
+    for Tq < Tk (an allgather rank's queries over the causal key prefix) the lower-right band (query i
+    sees keys j <= i + Tk - Tq; _lower_right_band: no mask tensor on CUDA, one [Tq, Tk] band without the
+    batch dim elsewhere). With a padding mask, a key padding mask alone is broadcast over the queries
+    (a source row has at least one real token); causal + padding is the causal band minus the pad keys,
+    and a row left with no key at all (a pad query before every real token: left-padded targets) attends to
     its own position instead, as SDPA would give NaN there; such a row never reaches the loss.
-    All of it is device work: no sync."""
+    All of it is device work: no sync. Causal without a padding mask needs Tq <= Tk (sdpa_supported)."""
     if key_padding_mask is None:
+        if causal and 1 < Tq < Tk:
+            return _lower_right_band(Tq, Tk, device), False
         return None, causal and Tq > 1
     B = key_padding_mask.shape[0]
     keep = ~key_padding_mask.view(B, 1, 1, Tk).to(torch.bool)
@@ -84,9 +120,23 @@ def _sdpa_mask(key_padding_mask: Optional[torch.Tensor], causal: bool, Tq: int, 
     return mask | (diag & ~mask.any(-1, keepdim=True)), False
 
 
-def sdpa_supported(causal: bool, Tq: int, Tk: int) -> bool:
-    """Whether _sdpa_mask expresses this attention: causal needs Tq == Tk or Tq == 1."""
-    return not causal or Tq == Tk or Tq == 1
+def _lower_right_band(Tq: int, Tk: int, device: Optional[torch.device]):
+    """SDPA's attn_mask for causal attention with Tq < Tk, lower-right aligned. On CUDA torch's
+    `causal_lower_right(Tq, Tk)`, which SDPA's flash and memory-efficient kernels take as a flag (no mask
+    tensor, none kept for backward; where neither kernel applies torch materialises it). Elsewhere, and
+    under FakeTensorMode (the bench's fake cells, tracing: the CausalBias subclass cannot be made there),
+    the boolean [Tq, Tk] band: the CPU's SDPA would materialise CausalBias as exactly that."""
+    dev = torch.device(device) if device is not None else torch.device("cpu")
+    if dev.type == "cuda" and causal_lower_right is not None and torch._guards.detect_fake_mode() is None:
+        return causal_lower_right(Tq, Tk)
+    return torch.ones(Tq, Tk, dtype=torch.bool, device=dev).tril(Tk - Tq)
+
+
+def sdpa_supported(causal: bool, Tq: int, Tk: int, compiled: bool = False) -> bool:
+    """Whether SDPA's masks express this attention without a padding mask: causal needs Tq <= Tk in
+    _sdpa_mask; the compiled block's C++ sdpa_mask (compiled=True) has no lower-right band, so there
+    causal needs Tq == Tk or Tq == 1."""
+    return not causal or Tq == Tk or Tq == 1 or (Tq < Tk and not compiled)
 
 
 def attention_block(x, memory, key_padding_mask, ln_weight, ln_bias, wq, bq, wk, bk, wv, bv, wo, bo,
