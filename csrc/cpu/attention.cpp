@@ -183,8 +183,8 @@ void mul_row(const double* y, const double* fac, double* out, int64_t n) {
   for (int64_t j = 0; j < n; ++j) out[j] = y[j] * fac[j];
 }
 
-// Rows per parallel chunk: about 16k elements of work, at least one row.
-int64_t row_grain(int64_t cols) { return std::max<int64_t>(1, 16384 / std::max<int64_t>(1, cols)); }
+// Rows per parallel chunk (cpu_common.h's grain_for: small calls, as decoding's, stay on one thread).
+int64_t row_grain(int64_t cols) { return grain_for(cols); }
 
 // bfloat16 <-> float for whole rows, branch-free so they vectorise (c10::BFloat16's scalar
 // conversions do not): bf16 is the high half of a float; rounding is to nearest even, NaN stays NaN,

@@ -35,16 +35,16 @@ void fwd_typed(const int64_t* tokens, const int64_t* positions, const T* weight,
   using A = acc_t<T>;
   const A sc = static_cast<A>(scale);
   const bool drop = d.threshold != 0;
-  // Rows are independent; a few rows per task keep the Philox/gather work balanced. Their dropout
-  // factors are consecutive stream elements, drawn for the task's rows at once: row by row, a short row
-  // pays a whole Philox batch (philox_batch.h) for its few groups.
-  const int64_t grain = std::max<int64_t>(1, 4096 / std::max<int64_t>(dim, 1));
-  parallel_for(n, grain, [&](int64_t begin, int64_t end) {
-    std::vector<A> factors(drop ? grain * dim : 0);
-    std::vector<uint32_t> words(drop ? dropout_words(grain * dim) : 0);
+  // Rows are independent. Their dropout factors are consecutive stream elements, drawn for `block` rows
+  // at once: row by row, a short row pays a whole Philox batch (philox_batch.h) for its few groups.
+  // A task gets at least a block and grain_for's elements (small calls stay on one thread).
+  const int64_t block = std::max<int64_t>(1, 4096 / std::max<int64_t>(dim, 1));
+  parallel_for(n, std::max(block, grain_for(dim)), [&](int64_t begin, int64_t end) {
+    std::vector<A> factors(drop ? block * dim : 0);
+    std::vector<uint32_t> words(drop ? dropout_words(block * dim) : 0);
     for (int64_t r = begin; r < end; ++r) {
-      if (drop && (r - begin) % grain == 0) {
-        const int64_t rows = std::min(grain, end - r);
+      if (drop && (r - begin) % block == 0) {
+        const int64_t rows = std::min(block, end - r);
         dropout_select<A>(d.offset + static_cast<uint64_t>(r * dim), rows * dim, d, words.data(),
                           static_cast<A>(d.scale), A(0), factors.data());
       }
@@ -57,7 +57,7 @@ void fwd_typed(const int64_t* tokens, const int64_t* positions, const T* weight,
       const T* w = weight + tok * dim;
       // Same order of operations as the reference: (scale * w + p), then * keep * 1/(1-p).
       if (drop) {
-        const A* f = factors.data() + ((r - begin) % grain) * dim;
+        const A* f = factors.data() + ((r - begin) % block) * dim;
         if (pos_weight != nullptr) {
           const T* p = pos_weight + positions[r] * dim;
           for (int64_t c = 0; c < dim; ++c)
@@ -96,7 +96,7 @@ void table_grad_typed(const T* grad, const int64_t* keys, const int64_t* tokens,
   const bool drop = d.threshold != 0;
   // Output rows split across threads: each row written exactly once (its group's sum, or zeros), so no
   // separate zero fill and no two threads touch one row.
-  parallel_for(num_rows, std::max<int64_t>(1, 16384 / std::max<int64_t>(dim, 1)), [&](int64_t begin, int64_t end) {
+  parallel_for(num_rows, grain_for(dim), [&](int64_t begin, int64_t end) {
     std::vector<A> acc(dim);
     RowDropout<A> rd(drop, dim);
     for (int64_t k = begin; k < end; ++k) {

@@ -179,8 +179,12 @@ class LSMultiheadAttention(nn.Module):
         B, H, Tq, hd = q.shape
         Tk = k.size(2)
         sdpa_kpm = sdpa_key_padding_mask(key_padding_mask, causal, right_padded)
+        # A decoding step (one query) on the CPU takes the explicit path under "auto": torch's CPU SDPA costs
+        # more than two small bmm and our softmax there (121 vs 103 ms a batch of beam-5 decoding at the
+        # demo's widths), and one query's probabilities are small to keep.
+        sdpa = use_sdpa(q, attn_dropout.p) and not (SDPA_MODE == "auto" and Tq == 1 and not q.is_cuda)
         # with a padding mask, _sdpa_mask builds the causal band explicitly, for any Tq and Tk
-        if not need_weights and use_sdpa(q, attn_dropout.p) and (sdpa_kpm is not None or sdpa_supported(causal, Tq, Tk)):
+        if not need_weights and sdpa and (sdpa_kpm is not None or sdpa_supported(causal, Tq, Tk)):
             # Fused attention: no [B, H, Tq, Tk] tensor in memory (masks: see _sdpa_mask).
             mask, is_causal = _sdpa_mask(sdpa_kpm, causal, Tq, Tk, q.device)
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=attn_dropout.p,
@@ -209,8 +213,18 @@ class LSMultiheadAttention(nn.Module):
         return self.set_incremental_state(incremental_state, "attn_state", buffer)
 
     def reorder_incremental_state(self, incremental_state: IncrementalState, new_order: Tensor):
-        """Beam search: select the cached keys/values (all [B, ...]) of the surviving hypotheses."""
+        """Beam search: select the cached keys/values (all [B, ...]) of the surviving hypotheses.
+
+        Encoder-decoder attention skips a reorder that keeps the batch size, as fairseq's
+        MultiheadAttention does: its cache is projected from the encoder output, which the generator
+        repeats for each beam of a sentence, and a same-size new_order only moves hypotheses among the
+        beams of their own sentence, so the selected rows equal the rows they replace. (When sentences
+        finish, the batch shrinks and the rows are selected.) That saves two [B, H, S, hd] copies per
+        layer and step."""
         buffer = self._get_input_buffer(incremental_state)
+        if buffer and self.encoder_decoder_attention and all(
+                v is None or v.size(0) == new_order.size(0) for v in buffer.values()):
+            return incremental_state
         if buffer:
             for name, value in buffer.items():
                 if value is not None:

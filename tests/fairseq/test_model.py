@@ -131,10 +131,18 @@ def test_incremental_decoding_equals_full_forward(overrides):
         full, _ = ours(src, lens, tgt)
         inc = _incremental_logits(ours, src, lens, tgt)
         assert rel_err(inc, full) < 1e-5
-        order = torch.tensor([2, 0, 0])  # beam search: reorder and duplicate hypotheses
-        inc = _incremental_logits(ours, src, lens, tgt, reorder_at=3, new_order=order)
-        full_r, _ = ours(src[order], lens[order], tgt[order])
-        assert rel_err(inc, full_r) < 1e-5
+        # beam search as fairseq's generator reorders: within one sentence's beams (the encoder output
+        # repeated per beam; hypotheses differ) the batch keeps its size, and the cross-attention cache
+        # is not reordered; when sentences finish it shrinks, and every cache is selected
+        beams = torch.zeros(3, dtype=torch.long)
+        hyps = tgt[:, :1].repeat(1, 6)
+        hyps[:, 1:] = torch.randint(task.target_dictionary.nspecial, len(task.target_dictionary), (3, 5),
+                                    generator=torch.Generator().manual_seed(7))
+        for s, l, order in ((src[beams], lens[beams], torch.tensor([2, 0, 0])),
+                            (src, lens, torch.tensor([2, 0]))):
+            inc = _incremental_logits(ours, s, l, hyps, reorder_at=3, new_order=order)
+            full_r, _ = ours(s[order], l[order], hyps[order])
+            assert rel_err(inc, full_r) < 1e-5
 
 
 def test_beam_search_matches_fairseq():
