@@ -27,25 +27,33 @@ from ..ops.blocks.attention import _sdpa_mask, sdpa_key_padding_mask, sdpa_suppo
 
 # When to use torch's fused scaled_dot_product_attention instead of the explicit
 # bmm -> ops.attention_softmax_dropout -> bmm path: "auto" = on CUDA, and on the CPU when the attention
-# has no dropout; "always"; "never". (Tests set "always" to check the SDPA path with dropout on CPU.)
+# has no dropout and its scores are at least CPU_SDPA_MIN_SCORES per (sentence, head); "always";
+# "never". (Tests set "always" to check the SDPA path with dropout on CPU.)
 # SDPA's dropout draws from torch's RNG, not our Philox stream; both are valid dropout, they are just
 # different masks. On the CPU without dropout SDPA is the same math and keeps no [B, H, Tq, Tk] tensor
 # for backward (our explicit path keeps the softmax output: at T = 2048 more than fairseq keeps in all,
 # whose CPU path runs SDPA); with dropout torch's CPU SDPA falls back to its math path, which keeps more
 # than our kernels, so the explicit path stays.
 SDPA_MODE = "auto"
+# Tq * Tk below which the CPU keeps the explicit path without dropout too: there torch's CPU SDPA costs more
+# host time per call than it saves (translation's 6+6 layers at width 32, ~20-token sentences, went from
+# 0.49x to 0.63x fairseq's host time per step under SDPA), a decoding step (one query) is slower under
+# it (121 vs 103 ms a batch of beam-5 decoding at the demo's widths), and short rows' probabilities are
+# a small part of what a layer keeps (translation's sentences: 0.52x vs 0.39x fairseq's saved bytes).
+# From 128 x 128 (language-model blocks, RoBERTa) SDPA keeps no [B, H, Tq, Tk] tensor.
+CPU_SDPA_MIN_SCORES = 128 * 128
 
 IncrementalState = Dict[str, Dict[str, Optional[Tensor]]]
 
 
-def use_sdpa(x: Tensor, dropout_p: float) -> bool:
+def use_sdpa(x: Tensor, dropout_p: float, Tq: Optional[int] = None, Tk: Optional[int] = None) -> bool:
     """Whether attention on x's device with attention dropout probability dropout_p (0 when not applied)
-    runs torch's fused SDPA (see SDPA_MODE)."""
+    and Tq queries over Tk keys (None: long enough) runs torch's fused SDPA (see SDPA_MODE)."""
     if SDPA_MODE == "never":
         return False
     if SDPA_MODE == "always":
         return True
-    return x.is_cuda or dropout_p == 0.0
+    return x.is_cuda or (dropout_p == 0.0 and (Tq is None or Tq * Tk >= CPU_SDPA_MIN_SCORES))
 
 
 @with_incremental_state
@@ -179,10 +187,7 @@ class LSMultiheadAttention(nn.Module):
         B, H, Tq, hd = q.shape
         Tk = k.size(2)
         sdpa_kpm = sdpa_key_padding_mask(key_padding_mask, causal, right_padded)
-        # A decoding step (one query) on the CPU takes the explicit path under "auto": torch's CPU SDPA costs
-        # more than two small bmm and our softmax there (121 vs 103 ms a batch of beam-5 decoding at the
-        # demo's widths), and one query's probabilities are small to keep.
-        sdpa = use_sdpa(q, attn_dropout.p) and not (SDPA_MODE == "auto" and Tq == 1 and not q.is_cuda)
+        sdpa = use_sdpa(q, attn_dropout.p, Tq, Tk)  # a decoding step (Tq = 1) on the CPU: explicit
         # with a padding mask, _sdpa_mask builds the causal band explicitly, for any Tq and Tk
         if not need_weights and sdpa and (sdpa_kpm is not None or sdpa_supported(causal, Tq, Tk)):
             # Fused attention: no [B, H, Tq, Tk] tensor in memory (masks: see _sdpa_mask).

@@ -67,6 +67,32 @@ def ops():
     return getattr(torch.ops, NAMESPACE)
 
 
+class _NoGradContext:
+    """What a Function's forward may use of its ctx, for a call without autograd (see apply)."""
+
+    def __init__(self, n_inputs: int):
+        self.needs_input_grad = (False,) * n_inputs
+
+    def save_for_backward(self, *tensors):
+        pass
+
+    def mark_non_differentiable(self, *tensors):
+        pass
+
+    def set_materialize_grads(self, value: bool):
+        pass
+
+
+def apply(function, *args):
+    """function.apply(*args), or with grad mode off its forward alone: under no_grad (fairseq-generate,
+    validation) autograd would record nothing anyway, and Function.apply costs a few us of Python per
+    call, which a decoding step of small tensors pays for every op (about 2% of beam search at the demo's
+    widths on the CPU)."""
+    if torch.is_grad_enabled():
+        return function.apply(*args)
+    return function.forward(_NoGradContext(len(args)), *args)
+
+
 def register_fake(op: str):
     """Decorator registering a shape function (fake/meta kernel) for `op` when the library is loaded,
     so that the op traces under torch.compile. A no-op otherwise."""

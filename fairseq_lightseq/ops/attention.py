@@ -53,7 +53,7 @@ def attention_softmax_dropout(scores: torch.Tensor, key_padding_mask: Optional[t
     d = _backend.as_dropout(p, training)
     c = [] if coords is None or len(coords) == 0 else list(attention_coords(coords, scores.shape))
     if _backend.use_kernel("attention_softmax_fwd", scores.device.type, scores.dtype):
-        return AttentionSoftmaxDropoutFunction.apply(scores, key_padding_mask, causal, scale, *d, c)
+        return _backend.apply(AttentionSoftmaxDropoutFunction, scores, key_padding_mask, causal, scale, *d, c)
     return reference.attention_softmax_dropout(scores, key_padding_mask, causal, scale, *d, c)
 
 
@@ -93,7 +93,7 @@ def attention_softmax_dropout_bmm(scores: torch.Tensor, v: torch.Tensor,
     d = _backend.as_dropout(p, training)
     c = [] if coords is None or len(coords) == 0 else list(attention_coords(coords, scores.shape))
     if _backend.use_kernel("attention_softmax_fwd", scores.device.type, scores.dtype):
-        return AttentionSoftmaxDropoutBmmFunction.apply(scores, v, key_padding_mask, causal, scale, *d, c)
+        return _backend.apply(AttentionSoftmaxDropoutBmmFunction, scores, v, key_padding_mask, causal, scale, *d, c)
     return torch.matmul(reference.attention_softmax_dropout(scores, key_padding_mask, causal, scale, *d, c), v)
 
 
@@ -148,14 +148,14 @@ def qkv_bias_split(qkv: torch.Tensor, bias: torch.Tensor, num_heads: int):
     if _backend.autocast_on(qkv):
         bias = bias.to(qkv.dtype)
     if _backend.use_kernel("qkv_bias_split", qkv.device.type, qkv.dtype):
-        return QkvBiasSplitFunction.apply(qkv, bias, num_heads)
+        return _backend.apply(QkvBiasSplitFunction, qkv, bias, num_heads)
     return reference.qkv_bias_split(qkv, bias, num_heads)
 
 
 def merge_heads(x: torch.Tensor, num_heads: int) -> torch.Tensor:
     """[B*heads, T, head_dim] -> [T, B, E]."""
     if _backend.use_kernel("merge_heads", x.device.type, x.dtype):
-        return MergeHeadsFunction.apply(x, num_heads)
+        return _backend.apply(MergeHeadsFunction, x, num_heads)
     return reference.merge_heads(x, num_heads)
 
 

@@ -61,7 +61,7 @@ def bias_dropout_residual(x: torch.Tensor, bias: torch.Tensor, residual: torch.T
         x, bias, residual = _backend.promote(x, bias.to(x.dtype), residual)
     d = _backend.as_dropout(p, training)
     if _backend.use_kernel("bias_dropout_residual_fwd", x.device.type, x.dtype):
-        return BiasDropoutResidualFunction.apply(x, bias, residual, *d)
+        return _backend.apply(BiasDropoutResidualFunction, x, bias, residual, *d)
     return reference.bias_dropout_residual(x, bias, residual, *d)
 
 
@@ -76,7 +76,7 @@ def bias_act_dropout(x: torch.Tensor, bias: torch.Tensor, p: Union[float, Dropou
         raise ValueError(f"bias_act_dropout: act must be one of {ACTIVATIONS}, got {act!r}")
     d = _backend.as_dropout(p, training)
     if _backend.use_kernel("bias_act_dropout_fwd", x.device.type, x.dtype):
-        return BiasActDropoutFunction.apply(x, bias, d.p, act, d.seed, d.offset)
+        return _backend.apply(BiasActDropoutFunction, x, bias, d.p, act, d.seed, d.offset)
     return reference.bias_act_dropout(x, bias, d.p, act, d.seed, d.offset)
 
 
@@ -121,7 +121,7 @@ def dropout(x: torch.Tensor, p: Union[float, Dropout], training: bool = True) ->
     if dropout_threshold(d.p) == 0:
         return x
     if _mask_compiled(x.device):
-        return DropoutFunction.apply(x, *d)
+        return _backend.apply(DropoutFunction, x, *d)
     return reference.dropout(x, *d)
 
 

@@ -52,7 +52,7 @@ def embedding(tokens: torch.Tensor, weight: torch.Tensor, pos_weight: Optional[t
     if _backend.use_kernel("embedding_fwd", weight.device.type, weight.dtype):
         if pos_weight is not None and positions is None:
             positions = reference.make_positions(tokens, padding_idx)
-        return EmbeddingFunction.apply(tokens, weight, pos_weight, positions, padding_idx, float(scale), *d)
+        return _backend.apply(EmbeddingFunction, tokens, weight, pos_weight, positions, padding_idx, float(scale), *d)
     return reference.embedding(tokens, weight, pos_weight, padding_idx, scale, d.p, d.seed, d.offset,
                                positions=positions)
 

@@ -28,7 +28,7 @@ def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: f
     if _backend.autocast_on(x):
         x, weight, bias = _backend.promote(x, weight, bias)
     if _backend.use_kernel("layer_norm_fwd", x.device.type, x.dtype):
-        return LayerNormFunction.apply(x, weight, bias, eps)
+        return _backend.apply(LayerNormFunction, x, weight, bias, eps)
     return reference.layer_norm(x, weight, bias, eps)
 
 
