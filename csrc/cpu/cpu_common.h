@@ -15,14 +15,16 @@ namespace cpu {
 template <typename T>
 using acc_t = typename std::conditional<std::is_same<T, double>::value, double, float>::type;
 
-// Grain (in items of `item_elems` elements each) that gives every task at least 64k elements (twice
-// torch's own grain): smaller tensors run on one thread. A parallel region costs a few us on an idle
-// machine, but it waits for every thread of the pool, and when another process holds a core that is a
-// scheduler time slice: 5-8 ms for a [320, 128] layer norm at 2 threads on a shared 2-vCPU VM, against
-// 48 us on one thread. Decoding (beam x batch rows of one token each) is made of such calls; training
-// tensors (T x B x E, >= 1M elements) still split into many tasks.
+// Grain (in items of `item_elems` elements each) that gives every task at least 32k elements, torch's
+// own grain (at::internal::GRAIN_SIZE): smaller tensors run on one thread, where a parallel region would
+// cost more than it saves. Every kernel family uses it (attention and embedding took 16k and 4k
+// elements before), so decoding's small per-step calls stay on one thread. Not larger: a parallel
+// region waits for every thread of the pool (a scheduler time slice when another process holds a core:
+// 5-8 ms for a [320, 128] layer norm at 2 threads on a busy 2-vCPU VM), but on an idle machine two
+// threads win from about this size (beam-5 decoding at the demo's widths: 1.06x native's speed with
+// 32k, 0.975x with 64k).
 inline int64_t grain_for(int64_t item_elems) {
-  constexpr int64_t kGrainElems = 65536;
+  constexpr int64_t kGrainElems = 32768;
   return item_elems >= kGrainElems ? 1 : kGrainElems / (item_elems > 0 ? item_elems : 1);
 }
 
