@@ -250,7 +250,8 @@ def throughput(a) -> dict:
                                            extra),
                     "pools": pl, "warmup": a.warmup, "steps": hi - lo, "first_step": lo,
                     "memory_at": memory_at, "syncs": cuda and last and not a.no_syncs,
-                    "busy_at": busy_at if cuda and last else None, "threads": a.threads}
+                    "busy_at": busy_at if cuda and last else None, "threads": a.threads,
+                    "ops_steps": a.ops_steps if last else 0, "ops_top": a.ops_top}
 
         print(f"[{prec}]", flush=True)
         runs = timed_rounds(a, a.sides, spec_for, a.rounds, a.threads)
@@ -270,6 +271,8 @@ def throughput(a) -> dict:
                                        "num_params": first["num_params"], "model": shape,
                                        "threads": first["threads"], "shapes": rows}
         print_throughput(prec, results["precisions"][prec], a.sides)
+        for lb in labels:
+            print_ops(a, {s: runs[s][-1]["pools"][lb].get("ops") for s in a.sides})
     return results
 
 
@@ -315,6 +318,19 @@ def print_throughput(prec, res, sides):
                       flush=True)
 
 
+def print_ops(a, ops: dict) -> None:
+    """Prints each side's torch.profiler table ({side: _op_breakdown's dict or None})."""
+    for s, o in ops.items():
+        if not o:
+            continue
+        for key, what in (("top", "self CPU time"), ("top_by_calls", "calls")):
+            print(f"-- {s}: top entries by {what} (torch.profiler, {a.ops_steps} steps; per step; profiled "
+                  f"self CPU {o['self_cpu_ms_per_step']:.1f} ms/step)", flush=True)
+            for e in o[key]:
+                print(f"   {e['name'][:60]:<60}{e['self_cpu_ms_per_step']:>9.2f} ms{e['calls_per_step']:>8.0f} calls",
+                      flush=True)
+
+
 def host_overhead(a) -> dict:
     if "ls" not in a.sides or len(a.sides) < 2:
         raise SystemExit(f"--host-overhead compares ls with a baseline: --sides must name ls and fairseq or "
@@ -355,16 +371,7 @@ def host_overhead(a) -> dict:
     print(f"host time per step, ls / {base}: {ratio:.2f}x (target <= {HOST_TARGET}x: "
           f"{'met' if ratio <= HOST_TARGET else 'NOT met'}); per-step {base}/ls speed ratio median "
           f"{sp['median']:.2f} [IQR {sp['q1']:.2f}, {sp['q3']:.2f}]", flush=True)
-    for s in a.sides:
-        o = rows[s].get("ops")
-        if not o:
-            continue
-        for key, what in (("top", "self CPU time"), ("top_by_calls", "calls")):
-            print(f"-- {s}: top entries by {what} (torch.profiler, {a.ops_steps} steps; per step; profiled "
-                  f"self CPU {o['self_cpu_ms_per_step']:.1f} ms/step)", flush=True)
-            for e in o[key]:
-                print(f"   {e['name'][:60]:<60}{e['self_cpu_ms_per_step']:>9.2f} ms{e['calls_per_step']:>8.0f} calls",
-                      flush=True)
+    print_ops(a, {s: rows[s].get("ops") for s in a.sides})
     return {"mode": "host_overhead", "family": a.family, "shape": label, "data_bin": data_bin, "repo": a.repo,
             "steps": a.steps, "warmup": a.warmup, "rounds": a.rounds, "ls_over_base": ratio, "base": base,
             "target": HOST_TARGET, "tokens": a.fam.tokens, **summary}
@@ -488,8 +495,9 @@ def parse_args(argv=None):
     p.add_argument("--extra", default="", help="more fairseq-train arguments for every side, quoted")
     p.add_argument("--host-pairs", type=int, default=20000, help="--host-overhead corpus pairs")
     p.add_argument("--host-vocab", type=int, default=1000, help="--host-overhead dictionary size")
-    p.add_argument("--ops-steps", type=int, default=20, help="--host-overhead: profiled steps")
-    p.add_argument("--ops-top", type=int, default=15, help="--host-overhead: ops listed per side")
+    p.add_argument("--ops-steps", type=int, help="steps profiled with torch.profiler after the timed ones, in "
+                   "the last round (default: 20 for --host-overhead, 0 = none for throughput)")
+    p.add_argument("--ops-top", type=int, default=15, help="--ops-steps: ops listed per side")
     p.add_argument("--act-sizes", type=strs, help="--activation-bytes widths (default: base,big translation, "
                    "base,gpt2_small lm, base,large roberta)")
     p.add_argument("--ls-attention", choices=["auto", "sdpa"], default="auto",
@@ -530,6 +538,7 @@ def parse_args(argv=None):
     a.memory_at = a.memory_at or fam.defaults["cuda"]["memory_at"]
     a.warmup = a.warmup if a.warmup is not None else (20 if host else 5 if cpu else 50)
     a.steps = a.steps or (150 if host else 100)
+    a.ops_steps = a.ops_steps if a.ops_steps is not None else (20 if host else 0)
     a.rounds = a.rounds or (3 if host else 4 if cpu else 2)
     a.sides = a.sides or (["ls", "fairseq"] if host else ["ls", "fairseq", "fairseq_fused"])
     for name, val, lo in (("--pool", a.pool, 1), ("--steps", a.steps, 1), ("--rounds", a.rounds, 1),

@@ -159,8 +159,7 @@ Tensor softmax_dropout_bwd(const Tensor& dprobs, const Tensor& dropped, const Te
 
 // q, k, v as [B*H, T, hd] from the block's normalised input h2 [Tq*B, E] (self-attention: one [3E, E] GEMM
 // and the fused bias add + head split) or from h2 and the memory [Tk, B, Ek] (encoder-decoder attention).
-// The forward computes them and the backward again (they are not saved: a GEMM buys back 3 [B*H, T, hd]
-// tensors per attention, about a fifth of what a layer keeps for backward).
+// Backward either gets them saved or projects them again (the block's `recompute` flag).
 Tensor3 project_qkv(const Tensor& h2, const std::optional<Tensor>& memory, const Tensor& wq, const Tensor& bq,
                     const Tensor& wk, const Tensor& bk, const Tensor& wv, const Tensor& bv, int64_t Tq, int64_t B,
                     int64_t H) {
@@ -199,11 +198,12 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> proje
           dw[0], db[0], dw[1], db[1]};
 }
 
-// See ops/blocks/attention.py (AttentionBlockFunction) for the arguments. Returns (y, s, mean, rstd, probs):
-// s is undefined for pre-LN; probs [B, H, Tq, Tk] the softmax output. The dropped probabilities are not
+// See ops/blocks/attention.py (AttentionBlockFunction) for the arguments. Returns (y, s, mean, rstd, probs,
+// q, k, v, merged): s is undefined for pre-LN; probs [B, H, Tq, Tk] the softmax output; q [B*H, Tq, hd],
+// k, v [B*H, Tk, hd]; merged [Tq*B, E] the output GEMM's input. The dropped probabilities are not
 // returned: backward draws them again from probs (attention_dropout), so one [B, H, Tq, Tk] tensor a layer
 // is kept, not two.
-std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> attention_block_fwd(
+std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> attention_block_fwd(
     const Tensor& x, const std::optional<Tensor>& memory, const std::optional<Tensor>& key_padding_mask,
     const Tensor& ln_weight, const Tensor& ln_bias, const Tensor& wq, const Tensor& bq, const Tensor& wk,
     const Tensor& bk, const Tensor& wv, const Tensor& bv, const Tensor& wo, const Tensor& bo, int64_t num_heads,
@@ -222,20 +222,23 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> attention_block_fwd(
   std::tie(y, dropped) = softmax_fwd(at::bmm(q, k.transpose(1, 2)).view({B, H, Tq, Tk}), key_padding_mask, causal,
                                      scale, attn_p, attn_seed, attn_offset);
   const Tensor& probs = dropped.numel() ? dropped : y;
-  const Tensor merged = merge(at::bmm(probs.view({B * H, Tq, Tk}), v), H);
-  const Tensor out = at::mm(merged.view({Tq * B, E}), wo.t()).view({Tq, B, E});
+  const Tensor merged = merge(at::bmm(probs.view({B * H, Tq, Tk}), v), H).view({Tq * B, E});
+  const Tensor out = at::mm(merged, wo.t()).view({Tq, B, E});
   Tensor out_y = norm_end(out, bo, x, p, seed, offset, ln_weight, ln_bias, normalize_before, eps, s, mean, rstd);
-  return {out_y, s, mean, rstd, y};
+  return {out_y, s, mean, rstd, y, q, k, v, merged};
 }
 
 // Returns (dx, dmemory (undefined for self-attention), dln_weight, dln_bias, dwq, dbq, dwk, dbk, dwv, dbv,
-// dwo, dbo). q, k, v are recomputed from the block input (project_qkv), the dropped probabilities from y
-// (attention_dropout: the forward's mask), and the merged heads (the output GEMM's input) from them and v.
+// dwo, dbo). q, k, v and merged are the forward's, or undefined (recompute): then q, k, v are projected
+// again from the block input (project_qkv) and merged rebuilt from the probabilities and v. The dropped
+// probabilities are drawn again from y (attention_dropout: the forward's mask).
 std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor>
 attention_block_bwd(const Tensor& dy, const Tensor& x, const std::optional<Tensor>& memory, const Tensor& ln_weight,
                     const Tensor& ln_bias, const Tensor& wq, const Tensor& bq, const Tensor& wk, const Tensor& bk,
                     const Tensor& wv, const Tensor& bv, const Tensor& wo, const std::optional<Tensor>& s,
-                    const Tensor& mean, const Tensor& rstd, const Tensor& y, int64_t num_heads,
+                    const Tensor& mean, const Tensor& rstd, const Tensor& y, const std::optional<Tensor>& saved_q,
+                    const std::optional<Tensor>& saved_k, const std::optional<Tensor>& saved_v,
+                    const std::optional<Tensor>& saved_merged, int64_t num_heads,
                     double scale, bool normalize_before, double eps, double attn_p, int64_t attn_seed,
                     int64_t attn_offset, double p, int64_t seed, int64_t offset) {
   // These ops run inside an autograd Function: the ATen calls below skip the autograd layers.
@@ -246,14 +249,21 @@ attention_block_bwd(const Tensor& dy, const Tensor& x, const std::optional<Tenso
                                   normalize_before, eps, ds, dln_w, dln_b);
   const Tensor h2 = h.reshape({Tq * B, E});
   Tensor q, k, v;
-  std::tie(q, k, v) = project_qkv(h2, memory, wq, bq, wk, bk, wv, bv, Tq, B, H);
+  if (saved_q.has_value() && saved_q->defined()) {
+    q = *saved_q, k = *saved_k, v = *saved_v;
+  } else {
+    std::tie(q, k, v) = project_qkv(h2, memory, wq, bq, wk, bk, wv, bv, Tq, B, H);
+  }
   std::tie(dout, dbo) = bdr_bwd(ds, p, seed, offset);
   const Tensor dout2 = dout.view({Tq * B, E});
   // [Tq, B, H, hd] seen as [B*H, Tq, hd]
   const Tensor dctx = at::mm(dout2, wo).view({Tq, B, H, hd}).permute({1, 2, 0, 3}).reshape({B * H, Tq, hd});
   const bool has_dropout = make_dropout(attn_p, attn_seed, attn_offset).threshold != 0;
   const Tensor probs = (has_dropout ? dropout_again(y, attn_p, attn_seed, attn_offset) : y).view({B * H, Tq, -1});
-  const Tensor dwo = at::mm(dout2.t(), merge(at::bmm(probs, v), H).view({Tq * B, E}));
+  const Tensor merged = saved_merged.has_value() && saved_merged->defined()
+                            ? *saved_merged
+                            : merge(at::bmm(probs, v), H).view({Tq * B, E});
+  const Tensor dwo = at::mm(dout2.t(), merged);
   const Tensor dv = at::bmm(probs.transpose(1, 2), dctx);
   const Tensor dscores = softmax_dropout_bwd(at::bmm(dctx, v.transpose(1, 2)), probs, y, has_dropout, scale, attn_p,
                                              attn_seed, attn_offset);
@@ -320,14 +330,15 @@ struct AttentionBlockNode : public torch::autograd::Function<AttentionBlockNode>
                         const Tensor& wq, const Tensor& bq, const Tensor& wk, const Tensor& bk, const Tensor& wv,
                         const Tensor& bv, const Tensor& wo, const Tensor& bo, int64_t num_heads, double scale,
                         bool causal, bool normalize_before, double eps, double attn_p, int64_t attn_seed,
-                        int64_t attn_offset, double p, int64_t seed, int64_t offset) {
+                        int64_t attn_offset, double p, int64_t seed, int64_t offset, bool recompute) {
     const at::AutoDispatchBelowADInplaceOrView below_autograd;
     FLS_OP(fwd, "attention_block_fwd", decltype(attention_block_fwd));
-    auto [y, s, mean, rstd, probs] =
+    auto [y, s, mean, rstd, probs, q, k, v, merged] =
         fwd.call(x, memory, key_padding_mask, ln_weight, ln_bias, wq, bq, wk, bk, wv, bv, wo, bo, num_heads,
                             scale, causal, normalize_before, eps, attn_p, attn_seed, attn_offset, p, seed, offset);
+    if (recompute) q = k = v = merged = Tensor();  // freed now; backward projects them again
     ctx->save_for_backward({x, memory.value_or(Tensor()), ln_weight, ln_bias, wq, bq, wk, bk, wv, bv, wo, s, mean,
-                            rstd, probs});
+                            rstd, probs, q, k, v, merged});
     auto& d = ctx->saved_data;
     d["num_heads"] = num_heads, d["scale"] = scale, d["normalize_before"] = normalize_before, d["eps"] = eps;
     d["attn_p"] = attn_p, d["attn_seed"] = attn_seed, d["attn_offset"] = attn_offset;
@@ -338,17 +349,16 @@ struct AttentionBlockNode : public torch::autograd::Function<AttentionBlockNode>
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const variable_list t = ctx->get_saved_variables();
     const auto& d = ctx->saved_data;
-    const std::optional<Tensor> memory = t[1].defined() ? std::optional<Tensor>(t[1]) : std::nullopt;
-    const std::optional<Tensor> s = t[11].defined() ? std::optional<Tensor>(t[11]) : std::nullopt;
+    const auto opt = [&](size_t i) { return t[i].defined() ? std::optional<Tensor>(t[i]) : std::nullopt; };
     const at::AutoDispatchBelowADInplaceOrView below_autograd;
     FLS_OP(bwd, "attention_block_bwd", decltype(attention_block_bwd));
     auto [dx, dmemory, dln_w, dln_b, dwq, dbq, dwk, dbk, dwv, dbv, dwo, dbo] = bwd.call(
-        grads[0].contiguous(), t[0], memory, t[2], t[3], t[4], t[5], t[6], t[7], t[8], t[9], t[10], s, t[12], t[13],
-        t[14], d.at("num_heads").toInt(), d.at("scale").toDouble(), d.at("normalize_before").toBool(),
+        grads[0].contiguous(), t[0], opt(1), t[2], t[3], t[4], t[5], t[6], t[7], t[8], t[9], t[10], opt(11), t[12],
+        t[13], t[14], opt(15), opt(16), opt(17), opt(18), d.at("num_heads").toInt(), d.at("scale").toDouble(), d.at("normalize_before").toBool(),
         d.at("eps").toDouble(), d.at("attn_p").toDouble(), d.at("attn_seed").toInt(), d.at("attn_offset").toInt(),
         d.at("p").toDouble(), d.at("seed").toInt(), d.at("offset").toInt());
     variable_list out = {dx, dmemory, Tensor(), dln_w, dln_b, dwq, dbq, dwk, dbk, dwv, dbv, dwo, dbo};
-    out.resize(24);  // the 11 scalar arguments
+    out.resize(25);  // the 12 scalar arguments
     return out;
   }
 };
@@ -388,11 +398,14 @@ struct FeedForwardBlockNode : public torch::autograd::Function<FeedForwardBlockN
 };
 
 // The SDPA attention (torch's fused scaled_dot_product_attention: CUDA's path) as a node of its own. SDPA
-// runs on detached leaf copies of q, k, v in a small graph of its own; backward asks torch::autograd::grad
-// for SDPA's own backward through it (whichever kernel SDPA picked). Saved: the block input and the
-// norm's statistics (post-LN: its input); without attention dropout backward recomputes q, k, v and SDPA's
-// forward, with it the forward's graph is kept (SDPA keeps q, k, v, its output and logsumexp). The merged
-// heads are rebuilt from SDPA's output. SDPA's dropout draws from torch's generator.
+// runs on detached leaf copies of q, k, v in a small graph of its own, kept for backward (SDPA keeps q, k,
+// v, its output and logsumexp, as it does anywhere); backward asks torch::autograd::grad for SDPA's own
+// backward through it (whichever kernel SDPA picked). Also saved: the block input and the norm's
+// statistics (post-LN: its input). The merged heads are rebuilt from SDPA's output. SDPA's dropout draws
+// from torch's generator. With `recompute` and no attention dropout (SDPA then a deterministic function of
+// q, k, v), backward projects q, k, v again and reruns SDPA's forward instead: ~4 [T, B, E] tensors fewer
+// per attention for a QKV GEMM and an SDPA forward per attention per step. With dropout its mask comes
+// from torch's generator, which a second forward would advance differently: the graph is kept.
 
 // SDPA's boolean attend-mask [B, 1, Tq, Tk] (True = attend) and is_causal flag: the Python _sdpa_mask
 // (ops/blocks/attention.py), which says why a row with no key attends to itself.
@@ -446,12 +459,8 @@ struct SdpaAttentionBlockNode : public torch::autograd::Function<SdpaAttentionBl
                         const Tensor& wq, const Tensor& bq, const Tensor& wk, const Tensor& bk, const Tensor& wv,
                         const Tensor& bv, const Tensor& wo, const Tensor& bo, int64_t num_heads, double scale,
                         bool causal, bool normalize_before, double eps, double attn_p, double p, int64_t seed,
-                        int64_t offset) {
-    // Without attention dropout SDPA is a deterministic function of q, k, v: backward recomputes them and
-    // SDPA's forward rather than keeping SDPA's graph (q, k, v, its output: four [B*H, T, hd] tensors per
-    // attention). With dropout its mask comes from torch's generator, which a second forward would advance
-    // differently: the graph is kept.
-    const bool recompute = attn_p == 0;
+                        int64_t offset, bool recompute) {
+    recompute = recompute && attn_p == 0;
     Tensor s, mean, rstd, o, qs, ks, vs;
     const Tensor y = sdpa_block_fwd(x, memory, key_padding_mask, ln_weight, ln_bias, wq, bq, wk, bk, wv, bv, wo, bo,
                                     num_heads, scale, causal, normalize_before, eps, attn_p, p, seed, offset,
@@ -484,7 +493,7 @@ struct SdpaAttentionBlockNode : public torch::autograd::Function<SdpaAttentionBl
     Tensor o, qs, ks, vs;
     if (d.count("o")) {  // SDPA's graph, kept by the forward
       o = d.at("o").toTensor(), qs = d.at("qs").toTensor(), ks = d.at("ks").toTensor(), vs = d.at("vs").toTensor();
-    } else {  // recomputed: q, k, v from the block input, then SDPA's forward, recorded
+    } else {  // recompute: q, k, v from the block input, then SDPA's forward, recorded
       Tensor q, k, v;
       {
         const at::AutoDispatchBelowADInplaceOrView below_autograd;
@@ -499,7 +508,7 @@ struct SdpaAttentionBlockNode : public torch::autograd::Function<SdpaAttentionBl
       const auto [mask, is_causal] = sdpa_mask(kpm, d.at("causal").toBool(), Tq, Tk);
       o = at::scaled_dot_product_attention(qs, ks, vs, mask, 0.0, is_causal, d.at("scale").toDouble());
     }
-    // retain_graph: a second backward through the outer graph (retain_graph there) needs a kept graph
+    // retain_graph: a second backward through the outer graph (retain_graph there) needs SDPA's graph
     // again; it is freed with this node.
     const variable_list dqkv = torch::autograd::grad({o}, {qs, ks, vs}, {dctx}, /*retain_graph=*/true);
     const at::AutoDispatchBelowADInplaceOrView below_autograd;
@@ -511,7 +520,7 @@ struct SdpaAttentionBlockNode : public torch::autograd::Function<SdpaAttentionBl
                         dqkv[2].reshape({B * H, -1, hd}), h2, memory, wq, wk, wv, H);
     const Tensor dx = norm_bwd_end(ds, dh.view({Tq, B, E}), x, ln_weight, t[12], t[13], pre_ln, dln_w, dln_b);
     variable_list out = {dx, dmemory, Tensor(), dln_w, dln_b, dwq, dbq, dwk, dbk, dwv, dbv, dwo, dbo};
-    out.resize(22);  // the 9 scalar arguments
+    out.resize(23);  // the 10 scalar arguments
     return out;
   }
 };
@@ -521,7 +530,7 @@ Tensor attention_block_sdpa(const Tensor& x, const std::optional<Tensor>& memory
                             const Tensor& ln_bias, const Tensor& wq, const Tensor& bq, const Tensor& wk,
                             const Tensor& bk, const Tensor& wv, const Tensor& bv, const Tensor& wo, const Tensor& bo,
                             int64_t num_heads, double scale, bool causal, bool normalize_before, double eps,
-                            double attn_p, double p, int64_t seed, int64_t offset) {
+                            double attn_p, double p, int64_t seed, int64_t offset, bool recompute) {
   if (!at::GradMode::is_enabled()) {  // no graph to record (evaluation): the forward alone
     Tensor s, mean, rstd, o, qs, ks, vs;
     return sdpa_block_fwd(x, memory, key_padding_mask, ln_weight, ln_bias, wq, bq, wk, bk, wv, bv, wo, bo, num_heads,
@@ -529,7 +538,8 @@ Tensor attention_block_sdpa(const Tensor& x, const std::optional<Tensor>& memory
                           ks, vs);
   }
   return SdpaAttentionBlockNode::apply(x, memory, key_padding_mask, ln_weight, ln_bias, wq, bq, wk, bk, wv, bv, wo,
-                                       bo, num_heads, scale, causal, normalize_before, eps, attn_p, p, seed, offset);
+                                       bo, num_heads, scale, causal, normalize_before, eps, attn_p, p, seed, offset,
+                                       recompute);
 }
 
 Tensor attention_block(const Tensor& x, const std::optional<Tensor>& memory,
@@ -537,10 +547,10 @@ Tensor attention_block(const Tensor& x, const std::optional<Tensor>& memory,
                        const Tensor& wq, const Tensor& bq, const Tensor& wk, const Tensor& bk, const Tensor& wv,
                        const Tensor& bv, const Tensor& wo, const Tensor& bo, int64_t num_heads, double scale,
                        bool causal, bool normalize_before, double eps, double attn_p, int64_t attn_seed,
-                       int64_t attn_offset, double p, int64_t seed, int64_t offset) {
+                       int64_t attn_offset, double p, int64_t seed, int64_t offset, bool recompute) {
   return AttentionBlockNode::apply(x, memory, key_padding_mask, ln_weight, ln_bias, wq, bq, wk, bk, wv, bv, wo, bo,
                                    num_heads, scale, causal, normalize_before, eps, attn_p, attn_seed, attn_offset, p,
-                                   seed, offset);
+                                   seed, offset, recompute);
 }
 
 // Below autograd (inference mode): the forward alone.
@@ -550,7 +560,7 @@ Tensor attention_block_inference(const Tensor& x, const std::optional<Tensor>& m
                                  const Tensor& bk, const Tensor& wv, const Tensor& bv, const Tensor& wo,
                                  const Tensor& bo, int64_t num_heads, double scale, bool causal, bool normalize_before,
                                  double eps, double attn_p, int64_t attn_seed, int64_t attn_offset, double p,
-                                 int64_t seed, int64_t offset) {
+                                 int64_t seed, int64_t offset, bool /*recompute*/) {
   return std::get<0>(attention_block_fwd(x, memory, key_padding_mask, ln_weight, ln_bias, wq, bq, wk, bk, wv, bv, wo,
                                          bo, num_heads, scale, causal, normalize_before, eps, attn_p, attn_seed,
                                          attn_offset, p, seed, offset));
@@ -578,7 +588,7 @@ TORCH_LIBRARY_FRAGMENT(fairseq_lightseq, m) {
       "attention_block(Tensor x, Tensor? memory, Tensor? key_padding_mask, Tensor ln_weight, Tensor ln_bias, "
       "Tensor wq, Tensor bq, Tensor wk, Tensor bk, Tensor wv, Tensor bv, Tensor wo, Tensor bo, int num_heads, "
       "float scale, bool causal, bool normalize_before, float eps, float attn_p, int attn_seed, int attn_offset, "
-      "float p, int seed, int offset) -> Tensor");
+      "float p, int seed, int offset, bool recompute) -> Tensor");
   m.def(
       "ffn_block(Tensor x, Tensor ln_weight, Tensor ln_bias, Tensor w1, Tensor b1, Tensor w2, Tensor b2, str act, "
       "bool normalize_before, float eps, float act_p, int act_seed, int act_offset, float p, int seed, int offset) "
@@ -586,17 +596,18 @@ TORCH_LIBRARY_FRAGMENT(fairseq_lightseq, m) {
   m.def(
       "attention_block_sdpa(Tensor x, Tensor? memory, Tensor? key_padding_mask, Tensor ln_weight, Tensor ln_bias, "
       "Tensor wq, Tensor bq, Tensor wk, Tensor bk, Tensor wv, Tensor bv, Tensor wo, Tensor bo, int num_heads, "
-      "float scale, bool causal, bool normalize_before, float eps, float attn_p, float p, int seed, int offset) "
-      "-> Tensor");
+      "float scale, bool causal, bool normalize_before, float eps, float attn_p, float p, int seed, int offset, "
+      "bool recompute) -> Tensor");
   m.def(
       "attention_block_fwd(Tensor x, Tensor? memory, Tensor? key_padding_mask, Tensor ln_weight, Tensor ln_bias, "
       "Tensor wq, Tensor bq, Tensor wk, Tensor bk, Tensor wv, Tensor bv, Tensor wo, Tensor bo, int num_heads, "
       "float scale, bool causal, bool normalize_before, float eps, float attn_p, int attn_seed, int attn_offset, "
-      "float p, int seed, int offset) -> (Tensor y, Tensor s, Tensor mean, Tensor rstd, Tensor probs)");
+      "float p, int seed, int offset) -> (Tensor y, Tensor s, Tensor mean, Tensor rstd, Tensor probs, Tensor q, "
+      "Tensor k, Tensor v, Tensor merged)");
   m.def(
       "attention_block_bwd(Tensor dy, Tensor x, Tensor? memory, Tensor ln_weight, Tensor ln_bias, Tensor wq, "
       "Tensor bq, Tensor wk, Tensor bk, Tensor wv, Tensor bv, Tensor wo, Tensor? s, Tensor mean, Tensor rstd, "
-      "Tensor probs, int num_heads, float scale, bool normalize_before, float eps, float attn_p, "
+      "Tensor probs, Tensor? q, Tensor? k, Tensor? v, Tensor? merged, int num_heads, float scale, bool normalize_before, float eps, float attn_p, "
       "int attn_seed, int attn_offset, float p, int seed, int offset) -> (Tensor dx, Tensor dmemory, "
       "Tensor dln_weight, Tensor dln_bias, Tensor dwq, Tensor dbq, Tensor dwk, Tensor dbk, Tensor dwv, Tensor dbv, "
       "Tensor dwo, Tensor dbo)");

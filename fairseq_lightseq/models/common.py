@@ -1,8 +1,9 @@
 """What every ls_* model shares: the refusal of fairseq options our layers do not implement, the
-padding side of the decoder's rows, and a cheap model.train()."""
+padding side of the decoder's rows, --ls-recompute-attention, and a cheap model.train()."""
+from fairseq.utils import eval_bool
 from torch import nn
 
-from ..modules.transformer_layer import FAIRSEQ_ACTIVATIONS
+from ..modules.transformer_layer import FAIRSEQ_ACTIVATIONS, _TransformerLayerBase
 
 # Dropout probabilities the layers take; each must be in [0, 1] (checked at build, not by the first
 # forward's op). --relu-dropout is fairseq's old name for --activation-dropout.
@@ -66,6 +67,24 @@ def right_padded_targets(task) -> bool:
     if isinstance(task, TranslationTask):
         return not bool(getattr(task.cfg, "left_pad_target", True))
     return False
+
+
+def add_recompute_args(parser, default: bool) -> None:
+    """--ls-recompute-attention BOOL, whose default (`default`) is the model family's."""
+    parser.add_argument("--ls-recompute-attention", type=eval_bool, metavar="BOOL",
+                        help="the attention blocks project q, k, v again in backward (and rerun SDPA's forward "
+                             "without attention dropout) instead of keeping them for backward: about 3 [T, B, E] "
+                             f"tensors less per attention for one more QKV GEMM per step (default: {default})")
+
+
+def set_recompute_attention(model: nn.Module, args, default: bool) -> None:
+    """Sets every layer's recompute_attention from --ls-recompute-attention, or `default` where the
+    namespace (an older checkpoint's config) has no value."""
+    value = getattr(args, "ls_recompute_attention", None)
+    value = default if value is None else bool(value)
+    for m in model.modules():
+        if isinstance(m, _TransformerLayerBase):
+            m.recompute_attention = value
 
 
 class LSModelMixin:

@@ -11,7 +11,12 @@ from fairseq.models.transformer import transformer_legacy as fs
 
 from ..modules.transformer import LSTransformerDecoder, LSTransformerEncoder
 from ..sequence_parallel import options as sequence_parallel_options
-from .common import LSModelMixin, check_supported, register_architectures, right_padded_targets
+from .common import (LSModelMixin, add_recompute_args, check_supported, register_architectures, right_padded_targets,
+                     set_recompute_attention)
+
+# Translation recomputes q, k, v by default: its rows are short, so they are a large share of what a layer
+# keeps (saved bytes 0.39x fairseq's with, 0.62x without, Transformer-base), for ~2% of the CPU step.
+RECOMPUTE_ATTENTION = True
 
 
 @register_model("ls_transformer")
@@ -22,6 +27,7 @@ class LSTransformerModel(LSModelMixin, TransformerModel):
     def add_args(cls, parser):
         super().add_args(parser)
         sequence_parallel_options.add_args(parser)
+        add_recompute_args(parser, RECOMPUTE_ATTENTION)
 
     @classmethod
     def build_model(cls, args, task):
@@ -32,6 +38,7 @@ class LSTransformerModel(LSModelMixin, TransformerModel):
         sp = sequence_parallel_options.setup(args, task)
         model.encoder.sequence_parallel = model.decoder.sequence_parallel = sp
         model.decoder.right_padded = right_padded_targets(task)
+        set_recompute_attention(model, args, RECOMPUTE_ATTENTION)
         return model
 
     @classmethod

@@ -64,7 +64,12 @@ def _layer_norm(ln: nn.LayerNorm, x: Tensor) -> Tensor:
 
 class _TransformerLayerBase(nn.Module):
     """What both layers share: self-attention and its norm, the FFN and its norm, the dropout draws,
-    and the choice between the one-node blocks and the per-op chain."""
+    and the choice between the one-node blocks and the per-op chain.
+
+    recompute_attention: the attention blocks project q, k, v again in backward instead of keeping them
+    (AttentionBlockConfig.recompute); the model sets it from --ls-recompute-attention."""
+
+    recompute_attention = False
 
     def _build_self_attention(self, embed_dim: int, num_heads: int, dropout: float, attention_dropout: float,
                               activation_dropout: float, activation_fn: str, normalize_before: bool):
@@ -119,7 +124,8 @@ class _TransformerLayerBase(nn.Module):
         cfg = AttentionBlockConfig(
             attn.num_heads, attn.scaling, causal, self.normalize_before, ln.eps, attn_dropout,
             self._draw(self.dropout_module.p, seed, site + 1),
-            use_sdpa(x, attn_dropout.p, x.shape[0], Tk) and sdpa_supported(causal, x.shape[0], Tk, compiled=True))
+            use_sdpa(x, attn_dropout.p, x.shape[0], Tk) and sdpa_supported(causal, x.shape[0], Tk, compiled=True),
+            self.recompute_attention)
         if cfg.sdpa:
             key_padding_mask = sdpa_key_padding_mask(key_padding_mask, causal, right_padded)
         q, k, v, o = attn.q_proj, attn.k_proj, attn.v_proj, attn.out_proj

@@ -10,6 +10,7 @@ __all__ = ["label_smoothed_cross_entropy", "linear_label_smoothed_cross_entropy"
 from typing import Optional
 
 import torch
+import torch._guards
 
 from . import _backend, reference
 
@@ -121,7 +122,8 @@ def _chunks(hidden, weight, bias, target, epsilon, ignore_index, rows, want_argm
     loss, nll, lse = (hidden.new_empty((N,), dtype=stat) for _ in range(3))
     argmax = hidden.new_empty((N,), dtype=torch.int64) if want_argmax else None
     dhidden = hidden.new_empty(hidden.shape, dtype=stat) if want_h else None
-    dweight = weight.new_zeros(weight.shape, dtype=stat) if want_w else None
+    # dweight's first chunk writes it (no zero fill of [V, d]); zeros only when there is no chunk
+    dweight = (weight.new_empty if N else weight.new_zeros)(weight.shape, dtype=stat) if want_w else None
     dbias = weight.new_zeros(weight.shape[:1], dtype=stat) if want_b else None
     scale = FP16_GRAD_SCALE if hidden.dtype == torch.float16 else 1.0
     wt = weight.t()
@@ -143,7 +145,7 @@ def _chunks(hidden, weight, bias, target, epsilon, ignore_index, rows, want_argm
                 else:
                     dhidden[s:e] = _matmul_acc(dz, weight, stat)
             if want_w:
-                _accumulate(dweight, dz.t(), h)
+                _accumulate(dweight, dz.t(), h, first=s == 0)
             if want_b:
                 dbias.add_(dz.sum(0, dtype=stat))
             del dz
@@ -154,12 +156,13 @@ def _chunks(hidden, weight, bias, target, epsilon, ignore_index, rows, want_argm
     return loss, nll, lse, argmax, dhidden, dweight, dbias
 
 
-def _accumulate(acc, a, b):
-    """acc += a @ b, acc fp32/fp64 whatever the dtype of a and b (fp16/bf16 products in fp32)."""
+def _accumulate(acc, a, b, first=False):
+    """acc += a @ b (first: acc = a @ b, acc's old values unread), acc fp32/fp64 whatever the dtype of a
+    and b (fp16/bf16 products in fp32)."""
     if a.dtype == acc.dtype:
-        acc.addmm_(a, b)
+        torch.mm(a, b, out=acc) if first else acc.addmm_(a, b)
     else:
-        acc.add_(_matmul_acc(a, b, acc.dtype))
+        acc.copy_(_matmul_acc(a, b, acc.dtype)) if first else acc.add_(_matmul_acc(a, b, acc.dtype))
 
 
 def _is_uniform(grad):
@@ -170,6 +173,22 @@ def _is_uniform(grad):
 def _scaled(grad, c, dtype):
     """grad (fp32/fp64) * c, in `dtype`: the saved gradient of sum(loss) times the upstream one."""
     return (grad * c.to(grad.dtype)).to(dtype)
+
+
+def _graph_kept() -> bool:
+    """Whether the running backward keeps the graph (retain_graph=True), so a saved tensor may be read by
+    a later backward; True where this torch cannot tell (torch's AOT autograd asks the same)."""
+    kept = getattr(torch._C._autograd, "_get_current_graph_task_keep_graph", None)
+    return kept is None or kept()
+
+
+def _scaled_in_place(grad, c, dtype):
+    """grad (fp32/fp64, ours to overwrite) *= c, returned in `dtype`. On a CPU a factor of exactly 1
+    (fp32 training without loss scaling) skips the pass; reading c there costs no device sync (fake
+    tensors, which have no value, always multiply)."""
+    if grad.device.type != "cpu" or torch._guards.detect_fake_mode(c) is not None or float(c) != 1.0:
+        grad.mul_(c.to(grad.dtype))
+    return grad.to(dtype)
 
 
 class LinearLabelSmoothedCrossEntropyFunction(torch.autograd.Function):
@@ -237,6 +256,9 @@ class LinearLabelSmoothedCrossEntropySumFunction(torch.autograd.Function):
     [V, d] and dbias [V] in fp32 (fp64 for fp64), never the [N, V] logits, nor hidden or weight. Backward
     returns g * dhidden, g * dweight and g * dbias in the inputs' dtypes, g being loss_sum's gradient (the
     scalar fairseq's loss scaling multiplies in). nll_sum is not differentiable: fairseq only logs it.
+    Unless the graph is kept (retain_graph=True, gradcheck), backward scales the saved tensors in place
+    and hands them on (fp32 inputs: no copy): a fresh [V, d] tensor per step costs a pass and, on a CPU,
+    the page faults of ~V*d*4 new bytes (about as much as the pass again).
     """
 
     @staticmethod
@@ -251,8 +273,8 @@ class LinearLabelSmoothedCrossEntropySumFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, g, _dnll, _dargmax):
-        grads = tuple(_scaled(x, g, dtype) if x is not None else None
-                      for x, dtype in zip(ctx.saved_tensors, ctx.dtypes))
+        scale = _scaled if _graph_kept() else _scaled_in_place
+        grads = tuple(scale(x, g, dtype) if x is not None else None for x, dtype in zip(ctx.saved_tensors, ctx.dtypes))
         return grads + (None,) * 5
 
 

@@ -108,8 +108,9 @@ def test_softmax_dropout_bmm_gradcheck_float64(p, causal, padded, coords):
 
 
 def _saved_shapes(fn, *inputs):
-    """Shapes of the tensors autograd saves while fn(*inputs) runs, but the inputs themselves (a view, as
-    matmul's [B*H, Tq, Tk] of a [B, H, Tq, Tk] tensor, counts with its own shape)."""
+    """Shapes of the tensors autograd saves while fn(*inputs) runs (its forward; backward runs after), but
+    the inputs themselves (a view, as matmul's [B*H, Tq, Tk] of a [B, H, Tq, Tk] tensor, counts with its
+    own shape)."""
     shapes = []
     ids = {id(t) for t in inputs}
 
@@ -119,7 +120,8 @@ def _saved_shapes(fn, *inputs):
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        fn(*inputs).sum().backward()
+        out = fn(*inputs)
+    out.sum().backward()
     return shapes
 
 
@@ -146,6 +148,29 @@ def test_attention_block_keeps_one_probability_tensor(attn_p):
                                ops.draw(0.1, True, SEED, 2))
     saved = _saved_shapes(lambda x: attention_block(x, None, None, *params, cfg), x)
     assert saved.count((B, H, T, T)) == 1, saved
+
+
+@pytest.mark.parametrize("sdpa", [False, True], ids=["explicit", "sdpa"])
+@pytest.mark.parametrize("recompute", [False, True], ids=["keep_qkv", "recompute_qkv"])
+def test_attention_block_keeps_qkv_unless_recompute(sdpa, recompute):
+    """q, k, v ([B*H, T, hd] explicit, [B, H, T, hd] SDPA) and the merged heads / SDPA's output are kept
+    for backward, or (recompute, without attention dropout) none of them."""
+    T, B, E, H = 6, 2, 8, 2
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(T, B, E, generator=g).requires_grad_()
+    params = [torch.ones(E), torch.zeros(E)]
+    for _ in range(4):
+        params += [(torch.randn(E, E, generator=g) / E ** 0.5).requires_grad_(), torch.zeros(E).requires_grad_()]
+    cfg = AttentionBlockConfig(H, (E // H) ** -0.5, True, True, 1e-5, ops.draw(0.0, True, SEED, 1),
+                               ops.draw(0.1, True, SEED, 2), sdpa=sdpa, recompute=recompute)
+    saved = _saved_shapes(lambda x: attention_block(x, None, None, *params, cfg), x)
+    heads = [(B, H, T, E // H)] if sdpa else [(B * H, T, E // H)]
+    n_heads = sum(saved.count(s) for s in heads)
+    merged = saved.count((T * B, E))
+    if recompute:
+        assert n_heads == 0 and merged == 0, saved
+    else:
+        assert n_heads >= 3 and (sdpa or merged == 1), saved
 
 
 def test_attention_dropout_bad_input_names_the_argument():

@@ -96,11 +96,14 @@ def _run(layer, blocks, args, kwargs):
 @pytest.mark.parametrize("normalize_before", [False, True], ids=["post_ln", "pre_ln"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("sdpa", ["never", "always", "always_with_attention_dropout"])
-def test_encoder_layer_blocks_match_per_op_chain(normalize_before, dtype, sdpa, monkeypatch):
-    """SDPA without attention dropout: the block recomputes SDPA in backward; with it, the block keeps
-    SDPA's graph, and SDPA's mask comes from torch's generator, seeded alike before both runs."""
+@pytest.mark.parametrize("recompute", [False, True], ids=["keep_qkv", "recompute_qkv"])
+def test_encoder_layer_blocks_match_per_op_chain(normalize_before, dtype, sdpa, recompute, monkeypatch):
+    """Explicit and SDPA attention, q, k, v kept or projected again in backward (SDPA without attention
+    dropout then reruns its forward; with it the graph is kept); SDPA's dropout mask comes from torch's
+    generator, seeded alike before both runs."""
     monkeypatch.setattr(multihead_attention, "SDPA_MODE", sdpa[:6])
     layer = _layer_pair(LSTransformerEncoderLayer, normalize_before=normalize_before).to(dtype).train()
+    layer.recompute_attention = recompute
     if sdpa == "always":
         layer.self_attn.dropout_module.p = 0.0
     x = randn(7, 3, 16, dtype=dtype, seed=1)
@@ -117,8 +120,10 @@ def test_encoder_layer_blocks_match_per_op_chain(normalize_before, dtype, sdpa, 
 
 @pytest.mark.parametrize("normalize_before", [False, True], ids=["post_ln", "pre_ln"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_decoder_layer_blocks_match_per_op_chain(normalize_before, dtype):
+@pytest.mark.parametrize("recompute", [False, True], ids=["keep_qkv", "recompute_qkv"])
+def test_decoder_layer_blocks_match_per_op_chain(normalize_before, dtype, recompute):
     layer = _layer_pair(LSTransformerDecoderLayer, normalize_before=normalize_before).to(dtype).train()
+    layer.recompute_attention = recompute
     x = randn(5, 3, 16, dtype=dtype, seed=1)
     enc = randn(6, 3, 16, dtype=dtype, seed=2)
     kwargs = dict(encoder_padding_mask=_mask(3, 6), self_attn_padding_mask=_mask(3, 5), dropout_seed=SEED,

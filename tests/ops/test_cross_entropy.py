@@ -353,6 +353,31 @@ def test_linear_sum_saves_only_the_gradients():
         assert ((n, V), dtype) in [(tuple(t.shape), t.dtype) for t in saved]  # what the fusion removes
 
 
+@pytest.mark.parametrize("upstream", [1.0, 0.25])
+def test_linear_sum_backward_scales_the_saved_gradients_in_place(upstream):
+    """fp32: backward hands on the saved [V, d] gradient itself (scaled in place, or not touched for an
+    upstream 1), so no fresh [V, d] tensor per step; the values still match the reference."""
+    h, w, target = _linear_inputs(11, 8, 13, torch.float32, "cpu")
+    saved = []
+    # only the addresses: a reference held here would make autograd copy the gradient into .grad
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.data_ptr()) or t, lambda t: t):
+        out = _run_sum(ops.linear_label_smoothed_cross_entropy, h, w, target, 0.1, upstream=upstream, chunk_size=4)
+    ref = _run_sum(reference.linear_label_smoothed_cross_entropy, h, w, target, 0.1, upstream=upstream)
+    assert_close(out[3], ref[3], scale=4)
+    assert_close(out[4], ref[4], scale=4 * 11 ** 0.5)
+    assert set(saved) == {out[3].data_ptr(), out[4].data_ptr()}
+
+
+def test_linear_sum_backward_with_a_kept_graph_leaves_the_saved_gradients():
+    """retain_graph=True: a second backward gives the same gradients (the first did not scale in place)."""
+    h, w, target = _linear_inputs(11, 8, 13, torch.float32, "cpu")
+    h.requires_grad_()
+    loss, _ = ops.linear_label_smoothed_cross_entropy(h, w, target, 0.1, PAD, reduction="sum")
+    (first,) = torch.autograd.grad(loss * 0.5, h, retain_graph=True)
+    (second,) = torch.autograd.grad(loss * 0.5, h)
+    assert torch.equal(first, second)
+
+
 def test_linear_without_grad_runs_no_gradient_kernel():
     """no_grad (validation) with inputs that require grad: only the loss, chunk by chunk."""
     h, w, target = _linear_inputs(11, 8, 13, torch.float32, "cpu")

@@ -18,13 +18,15 @@ pre-LN recomputes its normalised input), and, for the explicit attention, the so
 explicit path is the CPU's (and CUDA's fallback), where the softmax kernel is the costliest step of the
 block and host time decides, so the softmax is not recomputed. The dropped probabilities are drawn
 again from it in backward (`attention_dropout`, one pass with the forward's mask) rather than kept:
-with attention dropout that halves the [B, H, Tq, Tk] bytes a layer keeps. The merged heads (the
-output GEMM's input, [Tq, B, E]) are recomputed from the probabilities and v (one bmm and one copy). With SDPA (CUDA's path) nothing [B, H, Tq, Tk] is kept: SDPA saves its output and
-logsumexp, and the merged heads are rebuilt from its output. The explicit path does not keep q, k, v
-either: its backward projects them again from the block input (one GEMM per attention for 3 [B*H, T, hd]
-tensors, about a fifth of a layer's saved bytes); SDPA's own node keeps them on that path. The
-concatenated q/k/v weight is built in forward and again in backward (a [3E, E] copy) rather than saved,
-so it always matches the current parameters.
+with attention dropout that halves the [B, H, Tq, Tk] bytes a layer keeps. With SDPA (CUDA's path)
+nothing [B, H, Tq, Tk] is kept: SDPA saves q, k, v, its output and logsumexp, and the merged heads are
+rebuilt from its output. The explicit path keeps q, k, v ([B*H, T, hd]) and the merged heads (the output
+GEMM's input, [Tq*B, E]). With `AttentionBlockConfig.recompute` (--ls-recompute-attention, translation's
+default) neither path keeps q, k, v: backward projects them again from the block input (one GEMM per
+attention for 3 [B*H, T, hd] tensors), the explicit path rebuilds the merged heads from the
+probabilities and v (one bmm), and SDPA without attention dropout reruns its forward. The concatenated
+q/k/v weight is built in forward and again in backward (a [3E, E] copy) rather than saved, so it always
+matches the current parameters.
 """
 from typing import NamedTuple, Optional
 
@@ -47,7 +49,10 @@ class AttentionBlockConfig(NamedTuple):
     j <= i + Tk - Tq; normalize_before: pre-LN (LN on the block input) else post-LN (LN on the
     residual sum); eps: the layer norm's; attn_dropout: the draw over the [B, H, Tq, Tk]
     probabilities; dropout: the draw over the [Tq, B, E] output before the residual; sdpa: run
-    torch's scaled_dot_product_attention (its dropout draws from torch's CUDA generator)."""
+    torch's scaled_dot_product_attention (its dropout draws from torch's CUDA generator); recompute:
+    backward projects q, k, v again from the block input (and reruns SDPA's forward without attention
+    dropout, or rebuilds the merged heads on the explicit path) instead of keeping them: less memory
+    for one more QKV GEMM per step (the models' --ls-recompute-attention)."""
 
     num_heads: int
     scale: float
@@ -57,6 +62,7 @@ class AttentionBlockConfig(NamedTuple):
     attn_dropout: Dropout
     dropout: Dropout
     sdpa: bool = False
+    recompute: bool = False
 
 
 # The compiled ops the block calls: the block runs only where all of them have a kernel.
@@ -156,7 +162,8 @@ def attention_block(x, memory, key_padding_mask, ln_weight, ln_bias, wq, bq, wk,
     if cfg.sdpa:
         return _backend.ops().attention_block_sdpa(x, memory, key_padding_mask, ln_weight, ln_bias, wq, bq, wk, bk, wv,
                                                    bv, wo, bo, cfg.num_heads, cfg.scale, cfg.causal,
-                                                   cfg.normalize_before, cfg.eps, a.p, d.p, d.seed, d.offset)
+                                                   cfg.normalize_before, cfg.eps, a.p, d.p, d.seed, d.offset,
+                                                   cfg.recompute)
     return _backend.ops().attention_block(x, memory, key_padding_mask, ln_weight, ln_bias, wq, bq, wk, bk, wv, bv, wo,
                                           bo, cfg.num_heads, cfg.scale, cfg.causal, cfg.normalize_before, cfg.eps,
-                                          a.p, a.seed, a.offset, d.p, d.seed, d.offset)
+                                          a.p, a.seed, a.offset, d.p, d.seed, d.offset, cfg.recompute)
