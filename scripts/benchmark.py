@@ -138,7 +138,10 @@ def make_pools(a, data_bin: str, shapes, tmp: str, n_pool: int, layers, extra):
 
 
 def train_args_for(a, data_bin, side, precision, shape, layers, extra):
+    """fairseq-train arguments of one side: `extra` for every side, --ls-extra for the ls side too."""
     from bench_support.sides import train_args
+    if side == "ls":
+        extra = list(extra) + a.ls_extra.split()
     return train_args(a.fam, data_bin, a.repo, side, a.arch_size, a.device, precision, shape, layers, extra)
 
 
@@ -235,7 +238,7 @@ def throughput(a) -> dict:
           f"shape; warm-up {a.warmup} steps; {a.steps} timed steps per side in {a.rounds} rounds of "
           f"{', '.join(str(e - s) for s, e in parts)}; tok/s counts {a.fam.tokens}; repo {a.repo}", flush=True)
     results = {"mode": "throughput", "family": a.family, "tokens": a.fam.tokens, "device": a.device, "arch_size": a.arch_size,
-               "layers": a.layers, "extra": a.extra, "pool": a.pool, "warmup": a.warmup, "steps": a.steps,
+               "layers": a.layers, "extra": a.extra, "ls_extra": a.ls_extra, "pool": a.pool, "warmup": a.warmup, "steps": a.steps,
                "rounds": a.rounds, "sides": a.sides, "data_bin": data_bin, "repo": a.repo, "precisions": {}}
     busy_at = "8192" if "8192" in labels else labels[0]
     for prec in a.precision:
@@ -493,6 +496,8 @@ def parse_args(argv=None):
     p.add_argument("--peak-tflops", type=float, help="device peak for MFU when not in the table (or on CPU)")
     p.add_argument("--threads", type=int, help="torch threads in the children (default: torch's)")
     p.add_argument("--extra", default="", help="more fairseq-train arguments for every side, quoted")
+    p.add_argument("--ls-extra", default="", help="more fairseq-train arguments for the ls side only, quoted "
+                   "(e.g. \"--ls-recompute-attention True\")")
     p.add_argument("--host-pairs", type=int, default=20000, help="--host-overhead corpus pairs")
     p.add_argument("--host-vocab", type=int, default=1000, help="--host-overhead dictionary size")
     p.add_argument("--ops-steps", type=int, help="steps profiled with torch.profiler after the timed ones, in "

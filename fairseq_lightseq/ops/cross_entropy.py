@@ -10,7 +10,6 @@ __all__ = ["label_smoothed_cross_entropy", "linear_label_smoothed_cross_entropy"
 from typing import Optional
 
 import torch
-import torch._guards
 
 from . import _backend, reference
 
@@ -183,12 +182,8 @@ def _graph_kept() -> bool:
 
 
 def _scaled_in_place(grad, c, dtype):
-    """grad (fp32/fp64, ours to overwrite) *= c, returned in `dtype`. On a CPU a factor of exactly 1
-    (fp32 training without loss scaling) skips the pass; reading c there costs no device sync (fake
-    tensors, which have no value, always multiply)."""
-    if grad.device.type != "cpu" or torch._guards.detect_fake_mode(c) is not None or float(c) != 1.0:
-        grad.mul_(c.to(grad.dtype))
-    return grad.to(dtype)
+    """grad (fp32/fp64, ours to overwrite) *= c, returned in `dtype`. c stays a tensor (no host read)."""
+    return grad.mul_(c.to(grad.dtype)).to(dtype)
 
 
 class LinearLabelSmoothedCrossEntropyFunction(torch.autograd.Function):

@@ -37,7 +37,8 @@ def _mask(B, T, seed=3):
 @pytest.mark.parametrize("cross", [False, True], ids=["self", "cross"])
 @pytest.mark.parametrize("normalize_before", [False, True], ids=["post_ln", "pre_ln"])
 @pytest.mark.parametrize("sdpa", [False, True], ids=["explicit", "sdpa"])
-def test_attention_block_gradcheck(cross, normalize_before, sdpa):
+@pytest.mark.parametrize("recompute", [False, True], ids=["keep_qkv", "recompute_qkv"])
+def test_attention_block_gradcheck(cross, normalize_before, sdpa, recompute):
     T, S, B, E, H = 3, 4, 2, 4, 2
     x, memory, params = _attention_inputs(T, S, B, E, cross)
     causal = not cross
@@ -45,7 +46,7 @@ def test_attention_block_gradcheck(cross, normalize_before, sdpa):
     # SDPA's own dropout draws from torch's generator on every call: gradcheck needs p = 0 there.
     attn_d = ops.NO_DROPOUT if sdpa else ops.draw(0.3, True, SEED, 1)
     cfg = AttentionBlockConfig(H, (E // H) ** -0.5, causal, normalize_before, 1e-5, attn_d, ops.draw(0.2, True, SEED, 2),
-                               sdpa)
+                               sdpa, recompute)
     inputs = [x, memory] + params
     inputs = [t.requires_grad_() if t is not None else None for t in inputs]
 

@@ -355,8 +355,8 @@ def test_linear_sum_saves_only_the_gradients():
 
 @pytest.mark.parametrize("upstream", [1.0, 0.25])
 def test_linear_sum_backward_scales_the_saved_gradients_in_place(upstream):
-    """fp32: backward hands on the saved [V, d] gradient itself (scaled in place, or not touched for an
-    upstream 1), so no fresh [V, d] tensor per step; the values still match the reference."""
+    """fp32: backward hands on the saved [V, d] gradient itself, scaled in place, so no fresh [V, d]
+    tensor per step; the values still match the reference."""
     h, w, target = _linear_inputs(11, 8, 13, torch.float32, "cpu")
     saved = []
     # only the addresses: a reference held here would make autograd copy the gradient into .grad
