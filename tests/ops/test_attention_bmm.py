@@ -136,8 +136,8 @@ def test_softmax_dropout_bmm_keeps_one_probability_tensor():
     assert sorted(two) == sorted([(B, H, Tq, Tk), (B * H, Tq, Tk), (B * H, Tk, hd)]), two
 
 
-@pytest.mark.parametrize("attn_p", [0.0, 0.2])
-def test_attention_block_keeps_one_probability_tensor(attn_p):
+def _block_saved_shapes(attn_p, **cfg_kw):
+    """(T, B, E, H, the shapes a causal pre-LN self-attention block saves), T, B, E, H = 6, 2, 8, 2."""
     T, B, E, H = 6, 2, 8, 2
     g = torch.Generator().manual_seed(0)
     x = torch.randn(T, B, E, generator=g).requires_grad_()
@@ -145,8 +145,13 @@ def test_attention_block_keeps_one_probability_tensor(attn_p):
     for _ in range(4):
         params += [(torch.randn(E, E, generator=g) / E ** 0.5).requires_grad_(), torch.zeros(E).requires_grad_()]
     cfg = AttentionBlockConfig(H, (E // H) ** -0.5, True, True, 1e-5, ops.draw(attn_p, True, SEED, 1),
-                               ops.draw(0.1, True, SEED, 2))
-    saved = _saved_shapes(lambda x: attention_block(x, None, None, *params, cfg), x)
+                               ops.draw(0.1, True, SEED, 2), **cfg_kw)
+    return T, B, E, H, _saved_shapes(lambda x: attention_block(x, None, None, *params, cfg), x)
+
+
+@pytest.mark.parametrize("attn_p", [0.0, 0.2])
+def test_attention_block_keeps_one_probability_tensor(attn_p):
+    T, B, E, H, saved = _block_saved_shapes(attn_p)
     assert saved.count((B, H, T, T)) == 1, saved
 
 
@@ -155,15 +160,7 @@ def test_attention_block_keeps_one_probability_tensor(attn_p):
 def test_attention_block_keeps_qkv_unless_recompute(sdpa, recompute):
     """q, k, v ([B*H, T, hd] explicit, [B, H, T, hd] SDPA) and the merged heads / SDPA's output are kept
     for backward, or (recompute, without attention dropout) none of them."""
-    T, B, E, H = 6, 2, 8, 2
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(T, B, E, generator=g).requires_grad_()
-    params = [torch.ones(E), torch.zeros(E)]
-    for _ in range(4):
-        params += [(torch.randn(E, E, generator=g) / E ** 0.5).requires_grad_(), torch.zeros(E).requires_grad_()]
-    cfg = AttentionBlockConfig(H, (E // H) ** -0.5, True, True, 1e-5, ops.draw(0.0, True, SEED, 1),
-                               ops.draw(0.1, True, SEED, 2), sdpa=sdpa, recompute=recompute)
-    saved = _saved_shapes(lambda x: attention_block(x, None, None, *params, cfg), x)
+    T, B, E, H, saved = _block_saved_shapes(0.0, sdpa=sdpa, recompute=recompute)
     heads = [(B, H, T, E // H)] if sdpa else [(B * H, T, E // H)]
     n_heads = sum(saved.count(s) for s in heads)
     merged = saved.count((T * B, E))
