@@ -41,10 +41,9 @@ RATIO_TOLERANCE = 0.02  # relative: ratios come from unrounded JSON values or pe
 def read_rows(path=CSV_PATH):
     """The CSV as (header, list of row dicts), in file order."""
     with open(path, newline="", encoding="utf-8") as f:
-        reader = csv.reader(f)
-        header = next(reader)
-        rows = [dict(zip(header, r)) for r in reader]
-    return header, rows
+        reader = csv.DictReader(f)  # a short row gets None values, a long one a None key
+        rows = list(reader)
+        return list(reader.fieldnames or []), rows
 
 
 def _numbers(cell):
@@ -80,7 +79,7 @@ def validate(header, rows, root=HERE.parent):
     for n, r in enumerate(rows, 2):
         def say(msg, r=r, n=n):
             errors.append(f"results.csv line {n} ({r.get('id')}): {msg}")
-        if None in r or len(r) != len(COLUMNS):
+        if None in r or None in r.values():
             say("wrong number of cells")
             continue
         if not re.fullmatch(r"r[1-9]\d*", r["id"]) or r["id"] in ids:
