@@ -7,12 +7,14 @@ Over `git ls-files` (files git tracks; skipped outside a git checkout):
 - no history words (this file excepted, which spells them out): "session" outside pytest's meaning of
   it (a session-scoped fixture, `scope="session"`, once per session: allowed), issue or pull-request
   numbers;
-- benchmark results name no machine path, and run files are named after what they hold, not their history;
+- benchmark results name no machine path, every run's JSON names the commit it measured, and run files
+  are named after what they hold, not their history;
 - every relative link in a tracked .md file reaches a tracked file or folder, and its #anchor a heading
   or an explicit `<a id>` of the target;
 - benchmarks/results.csv is well formed and benchmarks/README.md is exactly benchmarks/render.py's output.
 """
 import importlib.util
+import json
 import re
 import subprocess
 from collections import Counter
@@ -108,6 +110,8 @@ def test_results_name_no_machine_path_and_no_history():
         for part in Path(p).parts[1:]:
             if HISTORY_NAME.search(Path(part).stem):
                 problems.append(f"{p}: {part!r} is named by its history")
+        if RESULT_DATA.match(p) and not re.fullmatch(r"[0-9a-f]{7,40}", str(json.loads(text).get("commit"))):
+            problems.append(f"{p}: no commit of the library it measured")
     assert not problems, "\n".join(problems)
     assert HISTORY_NAME.search("2026-11-30-cpu-benchmark-s6-throughput")
     assert HISTORY_NAME.search("keep-qkv-rb_host2") and HISTORY_NAME.search("h11a_runs")
