@@ -2,8 +2,9 @@
 it: fairseq's own parser (options.parse_args_and_arch with the family's --task), the task's build_model,
 at a tiny width (1 layer, width 16: the arch functions yield to explicit options, so even
 ls_transformer_lm_gpt3_175 is cheap). Each is compared with fairseq's native arch of the same name built
-the same way: the same state_dict keys, and on the native model's (perturbed) weights the same logits in
-eval mode (dropout off) at every real position. This builds the namespace a user's command line gives, in
+the same way: the same state_dict, value for value, after the same seed (fairseq's initialisation drawn
+in fairseq's order), and on the native model's (perturbed) weights the same logits in eval mode (dropout
+off) at every real position. This builds the namespace a user's command line gives, in
 which an arch function may leave options unset (every named transformer_lm arch leaves
 --activation-dropout unset: fairseq fills it from its model config's defaults)."""
 import os
@@ -43,13 +44,15 @@ def data_dir(tmp_path_factory):
     return str(d)
 
 
-def build(data_dir, arch):
-    """(task, model) as fairseq-train builds them for --arch `arch` (with --user-dir), eval mode."""
+def build(data_dir, arch, seed=1):
+    """(task, model) as fairseq-train builds them for --arch `arch` (with --user-dir) after seeding
+    torch with `seed` (as fairseq-train's --seed), eval mode."""
     task_name = family_of(arch).task
     parser = options.get_training_parser()
     args = options.parse_args_and_arch(parser, [data_dir, "--user-dir", USER_DIR, "--task", task_name,
                                                 "--arch", arch, "--cpu", *TASK_ARGS[task_name]])
     task = tasks.setup_task(args)
+    torch.manual_seed(seed)
     return task, task.build_model(args).eval()
 
 
@@ -89,7 +92,11 @@ def test_arch_builds_from_fairseq_parser_and_matches_native(data_dir, arch):
     task, ours = build(data_dir, arch)
     native_task, native = build(data_dir, arch[len(PREFIX):])
     assert isinstance(ours, type(native)) and type(ours) is not type(native)  # ours subclasses fairseq's
-    assert ours.state_dict().keys() == native.state_dict().keys()
+    theirs = native.state_dict()
+    assert ours.state_dict().keys() == theirs.keys()
+    # the same seed draws fairseq's initial weights (so fairseq-train --seed starts where fairseq does)
+    unequal = [k for k, v in ours.state_dict().items() if not torch.equal(v, theirs[k])]
+    assert not unequal, unequal
     perturb_(native, seed=0, stacks=stacks(native))
     ours.load_state_dict(native.state_dict(), strict=True)
     ref = logits(native, native_task)
