@@ -17,6 +17,10 @@ CLIs (fairseq-train, fairseq-validate, ...) look up afterwards is
    task's where they have one, the legacy `model` namespace). A TPU is asked for by `--tpu` (or
    hydra's `common.tpu=true`) on the command line; such runs are left exactly as fairseq runs them.
    The model architecture plays no part: this holds for `ls_transformer*` and fairseq's own models.
+   fairseq's evaluation commands (fairseq-eval-lm, fairseq-validate, fairseq-interactive) cast the
+   model only for --fp16, so under --bf16 they run it in float32, as fairseq alone does: that is kept
+   (the same numbers as fairseq's for the same command line) and said in a warning
+   (`warn_bf16_evaluates_in_fp32`).
 2. torchrun on CPU (`infer_torchrun_on_cpu`). fairseq detects torchrun (MASTER_ADDR, MASTER_PORT,
    WORLD_SIZE, RANK in the environment) only when its `--distributed-world-size` is not 1 (its default
    is the number of GPUs, 1 without any), and then computes `device_id = rank %
@@ -38,7 +42,7 @@ CLIs (fairseq-train, fairseq-validate, ...) look up afterwards is
 import logging
 import os
 import sys
-from typing import Sequence
+from typing import Optional, Sequence
 
 import torch
 from fairseq.distributed import utils as distributed_utils
@@ -46,6 +50,8 @@ from fairseq.distributed import utils as distributed_utils
 logger = logging.getLogger(__name__)
 
 TORCHRUN_VARS = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK")
+# fairseq's commands that run a trained model through call_main (fairseq-generate calls its main itself)
+EVALUATION_COMMANDS = ("fairseq-eval-lm", "fairseq-validate", "fairseq-hydra-validate", "fairseq-interactive")
 
 
 def tpu_requested(argv: Sequence[str]) -> bool:
@@ -53,8 +59,9 @@ def tpu_requested(argv: Sequence[str]) -> bool:
     return any(a == "--tpu" or a.lstrip("+").startswith("common.tpu=") for a in argv)
 
 
-def untie_bf16_from_tpu(cfg, argv: Sequence[str]) -> bool:
-    """Turns `tpu` off in `cfg` when fairseq set it only because of --bf16; returns whether it did."""
+def untie_bf16_from_tpu(cfg, argv: Sequence[str], training: bool = True) -> bool:
+    """Turns `tpu` off in `cfg` when fairseq set it only because of --bf16; returns whether it did.
+    training: whether the command trains (only then does --bf16 put the model in bfloat16, and is it said)."""
     common = cfg.common
     if not (common.bf16 and common.tpu) or tpu_requested(argv):
         return False
@@ -62,9 +69,36 @@ def untie_bf16_from_tpu(cfg, argv: Sequence[str]) -> bool:
         section = cfg[name]
         if getattr(section, "tpu", None) is True:
             section.tpu = False
-    device = "CPU" if common.cpu else "CUDA"
-    logger.info(f"fairseq_lightseq: --bf16 without --tpu: training in bfloat16 on {device} "
-                f"(fairseq 0.12 would have switched to --tpu)")
+    if training:
+        device = "CPU" if common.cpu else "CUDA"
+        logger.info(f"fairseq_lightseq: --bf16 without --tpu: training in bfloat16 on {device} "
+                    f"(fairseq 0.12 would have switched to --tpu)")
+    return True
+
+
+def command_of(main) -> Optional[str]:
+    """The console script whose `main` call_main runs, from the file that defines it (also under
+    `python -m fairseq_cli.eval_lm`): fairseq_cli/eval_lm.py -> "fairseq-eval-lm"; None for a function
+    from outside fairseq_cli."""
+    path = getattr(getattr(main, "__code__", None), "co_filename", "")
+    folder, name = os.path.split(os.path.splitext(path)[0])
+    return "fairseq-" + name.replace("_", "-") if os.path.basename(folder) == "fairseq_cli" else None
+
+
+def evaluates(main) -> bool:
+    """Whether call_main's `main` is one of fairseq's evaluation commands (EVALUATION_COMMANDS)."""
+    return command_of(main) in EVALUATION_COMMANDS
+
+
+def warn_bf16_evaluates_in_fp32(cfg, main) -> bool:
+    """fairseq's evaluation commands (fairseq-eval-lm, fairseq-validate, fairseq-interactive) cast the
+    model only for --fp16 (model.half()); with --bf16 (and no --fp16) they run it in float32, as fairseq
+    alone does. Says so as a warning; returns whether it did."""
+    common = cfg.common
+    if not evaluates(main) or not (common.bf16 or common.memory_efficient_bf16) or common.fp16:
+        return False
+    logger.warning(f"fairseq_lightseq: --bf16: {command_of(main)} runs the model in float32, as fairseq does "
+                   f"(its evaluation commands cast the model only for --fp16); --bf16 applies to fairseq-train")
     return True
 
 
@@ -102,7 +136,8 @@ def unflatten_fp16_on_cpu(cfg) -> bool:
 
 def _wrap_call_main(call_main):
     def wrapped(cfg, main, **kwargs):
-        untie_bf16_from_tpu(cfg, sys.argv[1:])
+        untie_bf16_from_tpu(cfg, sys.argv[1:], training=not evaluates(main))
+        warn_bf16_evaluates_in_fp32(cfg, main)
         infer_torchrun_on_cpu(cfg)
         unflatten_fp16_on_cpu(cfg)
         return call_main(cfg, main, **kwargs)

@@ -22,13 +22,15 @@ those rows, with the shard in the extra output, from which ls_masked_lm takes it
 counts its share. sentence_prediction is refused with P > 1: its heads read row 0, which one rank
 holds, and it counts every sentence on every rank.
 """
-from fairseq.models import register_model
+from fairseq.models import FairseqEncoderModel, register_model
 from fairseq.models.roberta import model as fs
 from fairseq.models.roberta.model import RobertaEncoder, RobertaModel
-from fairseq.modules.transformer_sentence_encoder import init_bert_params
+from fairseq.modules import transformer_sentence_encoder
 from fairseq.utils import safe_getattr, safe_hasattr
+from torch import nn
 
 from ..modules.lm_head import LSRobertaLMHead
+from ..modules.multihead_attention import LSMultiheadAttention
 from ..modules.transformer import LSTransformerEncoder
 from ..sequence_parallel import options as sequence_parallel_options
 from ..sequence_parallel.sharding import shard_or_none
@@ -51,6 +53,17 @@ def check(args) -> None:
         value = safe_getattr(args, option, off)
         if value != off:
             raise ValueError(f"{NAME} does not support --{option.replace('_', '-')} {value}; use --arch roberta for it")
+
+
+def init_bert_params(module: nn.Module) -> None:
+    """fairseq's init_bert_params (for `module.apply`), which draws the q, k, v weights of each of
+    fairseq's MultiheadAttention once more after its projections: ours too, in the same order and from
+    the same CPU generator, so the same seed gives fairseq's initial weights."""
+    transformer_sentence_encoder.init_bert_params(module)
+    if isinstance(module, LSMultiheadAttention):
+        for proj in (module.q_proj, module.k_proj, module.v_proj):
+            w = proj.weight.data
+            w.copy_(w.cpu().normal_(mean=0.0, std=0.02).to(w.device))
 
 
 class LSRobertaEncoder(RobertaEncoder):
@@ -77,6 +90,13 @@ class LSRobertaEncoder(RobertaEncoder):
 @register_model(NAME)
 class LSRobertaModel(LSModelMixin, RobertaModel):
     """fairseq's RobertaModel (legacy argparse API) whose encoder and LM head run the fused ops."""
+
+    def __init__(self, args, encoder):
+        # RobertaModel.__init__ with our init_bert_params (fairseq's names its own function inside)
+        FairseqEncoderModel.__init__(self, encoder)
+        self.args = args
+        self.apply(init_bert_params)
+        self.classification_heads = nn.ModuleDict()
 
     @classmethod
     def add_args(cls, parser):

@@ -51,6 +51,9 @@ class LSTransformerLanguageModel(LSModelMixin, TransformerLanguageModel):
         """fairseq's TransformerLanguageModel.build_model for the plain token embedding (the
         character and adaptive inputs are refused by check_supported), with our decoder. args: the
         namespace (or a checkpoint's model config) with the arch function applied."""
+        # fairseq builds its transformer_lm from TransformerLanguageModelConfig, whose defaults fill every
+        # option the arch function left unset (activation_dropout in every named arch); so does ours
+        transformer_lm_defaults(args)
         check_supported(args, NAME, "transformer_lm")
         sequence_parallel_options.check(args, sides=("decoder",))
         if args.decoder_layers_to_keep:
@@ -66,8 +69,10 @@ class LSTransformerLanguageModel(LSModelMixin, TransformerLanguageModel):
 
 
 def transformer_lm_defaults(args):
-    """The defaults of fairseq's --arch transformer_lm: TransformerLanguageModelConfig's, for every field
-    not set (the interpolated ones, ${task.tokens_per_sample} and such, come from the task's options)."""
+    """TransformerLanguageModelConfig's defaults for every field of `args` not set: the defaults of
+    fairseq's plain --arch transformer_lm, and what fairseq's conversion of the namespace to its model
+    config gives the fields a named arch function leaves unset (the interpolated ones,
+    ${task.tokens_per_sample} and such, come from the task's options)."""
     for f in dataclasses.fields(TransformerLanguageModelConfig):
         default = f.default if f.default_factory is dataclasses.MISSING else f.default_factory()
         if f.name.startswith("_") or (isinstance(default, str) and default.startswith("${")):

@@ -33,9 +33,9 @@ def _cfg(cfg) -> TransformerConfig:
     return TransformerConfig.from_namespace(cfg)
 
 
-def _activation_dropout(cfg) -> float:
-    # fairseq: activation_dropout, or the old relu_dropout when it is 0
-    return float(cfg.activation_dropout or getattr(cfg, "relu_dropout", 0) or 0)
+def _activation_dropout(cfg: TransformerConfig) -> float:
+    # fairseq's layers: activation_dropout, or the old relu_dropout when it is 0
+    return float(cfg.activation_dropout or cfg.relu_dropout or 0)
 
 
 def _wrap_layer(layer, cfg):
@@ -110,7 +110,11 @@ class _DropoutStreamMixin:
         module's FairseqDropout (FairseqDropout.forward's rule)."""
         return self.training or self.dropout_module.apply_during_inference
 
-    def _any_dropout(self, cfg) -> bool:
+    def _any_dropout(self) -> bool:
+        """Whether any dropout probability is set, read from the TransformerConfig fairseq's base class
+        keeps (self.cfg: every option with fairseq's default, not the namespace, which an arch function
+        may leave without one)."""
+        cfg = self.cfg
         return bool(cfg.dropout or cfg.attention_dropout or _activation_dropout(cfg))
 
     def _forward_seed(self) -> Optional[int]:
@@ -124,7 +128,7 @@ class LSTransformerEncoder(_DropoutStreamMixin, TransformerEncoderBase):
         if return_fc:
             raise ValueError("ls_transformer: the encoder does not return fc results (return_fc)")
         super().__init__(_cfg(cfg), dictionary, embed_tokens, return_fc=False)
-        self.uses_dropout = self._any_dropout(cfg)
+        self.uses_dropout = self._any_dropout()
         self.dropout_module.module_name = "TransformerEncoder"  # fairseq's name, for --retain-dropout-modules
 
     def build_encoder_layer(self, cfg):
@@ -188,7 +192,7 @@ class LSTransformerDecoder(_DropoutStreamMixin, TransformerDecoderBase):
     def __init__(self, cfg, dictionary, embed_tokens, no_encoder_attn=False, output_projection=None):
         super().__init__(_cfg(cfg), dictionary, embed_tokens, no_encoder_attn=no_encoder_attn,
                          output_projection=output_projection)
-        self.uses_dropout = self._any_dropout(cfg)
+        self.uses_dropout = self._any_dropout()
         self.dropout_module.module_name = "TransformerDecoder"  # fairseq's name, for --retain-dropout-modules
 
     def build_decoder_layer(self, cfg, no_encoder_attn=False):

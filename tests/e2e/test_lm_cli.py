@@ -1,6 +1,6 @@
 """The language model through fairseq's own tools: fairseq-train with ls_transformer_lm +
 ls_cross_entropy + ls_adam next to fairseq's transformer_lm + cross_entropy + adam, fairseq-eval-lm (with
-and without --context-window) on our checkpoint and on it converted for a vanilla fairseq (no
+and without --context-window; --bf16, which fairseq's eval-lm runs in float32) on our checkpoint and on it converted for a vanilla fairseq (no
 --user-dir), the hub interface (from_pretrained, sample, score), and --restore-file across the two
 implementations. Tiny models (1 layer, width 32), CPU. Marked `e2e`."""
 import json
@@ -34,13 +34,18 @@ def train_losses(log):
             (json.loads(line[line.index("{"):]) for line in log.splitlines() if "train_inner" in line and "{" in line)}
 
 
-def eval_lm(d, path, *extra):
-    """fairseq-eval-lm on the test split; returns (base-2 loss, perplexity)."""
+def eval_lm_log(d, path, *extra):
+    """fairseq-eval-lm on the test split; returns ((base-2 loss, perplexity), its log)."""
     out = run(["fairseq-eval-lm", "bin", "--path", path, "--tokens-per-sample", "16", "--max-tokens", "256",
                "--cpu", "--num-workers", "0", "--gen-subset", "test", *extra], d)[1]
     m = re.search(r"Loss \(base 2\): ([\d.]+), Perplexity: ([\d.]+)", out)
     assert m, out[-3000:]
-    return float(m.group(1)), float(m.group(2))
+    return (float(m.group(1)), float(m.group(2))), out
+
+
+def eval_lm(d, path, *extra):
+    """fairseq-eval-lm on the test split; returns (base-2 loss, perplexity)."""
+    return eval_lm_log(d, path, *extra)[0]
 
 
 @pytest.fixture(scope="module")
@@ -70,6 +75,22 @@ def test_eval_lm_on_ours_equals_vanilla_fairseq_on_the_converted_checkpoint(trai
     assert ours == pytest.approx(native, abs=1e-4)
     cfg = torch.load(os.path.join(d, "ls_as_native.pt"))["cfg"]  # weights_only: plain containers
     assert cfg["model"]["_name"] == "transformer_lm_gpt2_tiny" and cfg["criterion"]["_name"] == "cross_entropy"
+
+
+def test_eval_lm_bf16_runs_fp32_as_fairseq_and_says_so(trained):
+    """fairseq's evaluation commands cast the model for --fp16 only: --bf16 gives the float32 perplexity, with
+    fairseq's own model and without the plugin too; the plugin warns that it does (and does not claim to train)."""
+    d, _ = trained
+    fp32 = eval_lm(d, "ls/checkpoint_last.pt", "--user-dir", USER_DIR)
+    ours, log = eval_lm_log(d, "ls/checkpoint_last.pt", "--user-dir", USER_DIR, "--bf16")
+    native, native_log = eval_lm_log(d, "ls_as_native.pt", "--user-dir", USER_DIR, "--bf16")
+    vanilla, vanilla_log = eval_lm_log(d, "ls_as_native.pt", "--bf16")
+    print(f"eval-lm base-2 loss, perplexity: fp32 {fp32}; --bf16: ours {ours}, native {native}, "
+          f"native without the plugin {vanilla}")
+    assert ours == fp32 and native == pytest.approx(fp32, abs=1e-4) and vanilla == native
+    warning = "fairseq_lightseq: --bf16: fairseq-eval-lm runs the model in float32, as fairseq does"
+    assert warning in log and warning in native_log and "fairseq_lightseq" not in vanilla_log
+    assert "training in bfloat16" not in log
 
 
 def test_hub_sample_and_score_match_the_native_model(trained):

@@ -9,7 +9,6 @@ process does, and sentence_prediction refused under it. The corpus is written in
 characters (fairseq's `characters` BPE, so the hub's encode needs no model file). Tiny models (1 layer,
 width 32), CPU. Marked `e2e`."""
 import os
-import random
 import re
 
 import pytest
@@ -17,10 +16,10 @@ import torch
 
 from support.cli import USER_DIR, by_hand, checkpoint_params, convert, losses, run
 from support.recipe import train_inner
+from support.roberta import roberta_corpus_once
 
 pytestmark = pytest.mark.e2e
 
-WORDS = "cat dog sat ran on under mat log big small red old".split()
 MODEL = ["--encoder-layers", "1", "--encoder-embed-dim", "32", "--encoder-ffn-embed-dim", "64",
          "--encoder-attention-heads", "2"]
 LS = ["--user-dir", USER_DIR, "--arch", "ls_roberta", "--optimizer", "ls_adam"]
@@ -31,43 +30,10 @@ COMMON = [*MODEL, "--dropout", "0.1", "--attention-dropout", "0.1", "--max-token
           "--num-workers", "0", "--no-epoch-checkpoints", "--log-format", "json", "--log-interval", "1"]
 
 
-def _chars(sentence):
-    """What fairseq's `characters` BPE makes of a sentence (the hub interface encodes the same way)."""
-    from fairseq.data.encoders.characters import Characters
-
-    return Characters.encode(sentence)
-
-
-def _write_corpus(d):
-    """d/{train,valid,test}.txt (characters), d/labels.{split} (1 if the sentence starts with 'the'), and
-    d/regression.{split} (its number of words / 10)."""
-    rng = random.Random(0)
-    for split, n in (("train", 300), ("valid", 30), ("test", 20)):
-        sents = [" ".join([rng.choice(["the", "a"])] + rng.choices(WORDS, k=rng.randint(2, 6))) for _ in range(n)]
-        with open(os.path.join(d, f"{split}.txt"), "w") as f:
-            f.writelines(_chars(s) + "\n" for s in sents)
-        with open(os.path.join(d, f"labels.{split}"), "w") as f:
-            f.writelines(("1" if s.startswith("the ") else "0") + "\n" for s in sents)
-        with open(os.path.join(d, f"regression.{split}"), "w") as f:
-            f.writelines(f"{len(s.split()) / 10}\n" for s in sents)
-
-
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
-    """The pretraining data-bin d/mlm and the fine-tuning one d/ft (input0 with the same dictionary,
-    label: classes, label/{split}.label: regression targets)."""
-    d = str(tmp_path_factory.mktemp("roberta"))
-    _write_corpus(d)
-    run(["fairseq-preprocess", "--only-source", "--trainpref", "train.txt", "--validpref", "valid.txt",
-         "--testpref", "test.txt", "--destdir", "mlm", "--workers", "1"], cwd=d)
-    run(["fairseq-preprocess", "--only-source", "--trainpref", "train.txt", "--validpref", "valid.txt",
-         "--destdir", "ft/input0", "--srcdict", "mlm/dict.txt", "--workers", "1"], cwd=d)
-    run(["fairseq-preprocess", "--only-source", "--trainpref", "labels.train", "--validpref", "labels.valid",
-         "--destdir", "ft/label", "--workers", "1"], cwd=d)
-    for split in ("train", "valid"):
-        with open(os.path.join(d, f"regression.{split}")) as f, open(os.path.join(d, f"ft/label/{split}.label"), "w") as g:
-            g.write(f.read())
-    return d
+    """support.roberta's corpus: the pretraining data-bin mlm/ and the fine-tuning one ft/."""
+    return roberta_corpus_once(tmp_path_factory)
 
 
 def pretrain(d, stack, criterion, save_dir, updates=20, *extra):

@@ -118,3 +118,20 @@ def test_torchrun_inference_left_alone(case):
     environ = {} if case == "no_torchrun" else TORCHRUN_ENV
     assert not cli_config.infer_torchrun_on_cpu(cfg, environ)
     assert dict(cfg.distributed_training) == before
+
+
+def test_bf16_on_an_evaluation_command_warns_that_it_runs_fp32(caplog):
+    """fairseq-eval-lm (and validate, interactive) cast the model for --fp16 only: --bf16 is said to run in
+    float32; fairseq-train's --bf16 trains in bfloat16 and is not warned about; --fp16 is not either."""
+    import fairseq_cli.eval_lm
+    import fairseq_cli.train
+
+    assert cli_config.command_of(fairseq_cli.eval_lm.main) == "fairseq-eval-lm"
+    assert cli_config.command_of(lambda c: None) is None
+    cfg, _ = parsed("--bf16")
+    assert not cli_config.warn_bf16_evaluates_in_fp32(cfg, fairseq_cli.train.main)
+    with caplog.at_level("WARNING", logger="fairseq_lightseq.cli_config"):
+        assert cli_config.warn_bf16_evaluates_in_fp32(cfg, fairseq_cli.eval_lm.main)
+    assert "--bf16: fairseq-eval-lm runs the model in float32" in caplog.text
+    cfg, _ = parsed("--fp16")
+    assert not cli_config.warn_bf16_evaluates_in_fp32(cfg, fairseq_cli.eval_lm.main)

@@ -1,11 +1,16 @@
 """Builders for the RoBERTa tests: tiny fairseq `roberta` / `ls_roberta` pairs with the same weights
-(classification heads too), and masked-LM batches as fairseq's masked_lm task makes them."""
+(classification heads too), masked-LM batches as fairseq's masked_lm task makes them, and the data-bins
+of the command-line tests (`roberta_corpus_once`)."""
+import os
+import random
+
 import torch
 
 import fairseq_lightseq  # noqa: F401  (registers ls_roberta)
 from fairseq.models.roberta import RobertaModel
 from fairseq_lightseq.models.ls_roberta import LSRobertaModel
 
+from .cli import run
 from .models import FakeTask, arch_args, make_dict, perturb_
 
 TINY_ROBERTA = dict(encoder_embed_dim=16, encoder_ffn_embed_dim=24, encoder_layers=2, encoder_attention_heads=4,
@@ -73,3 +78,56 @@ def mlm_sample(task, **kw):
     tokens, target = mlm_batch(task, **kw)
     return {"net_input": {"src_tokens": tokens, "src_lengths": tokens.ne(1).sum(1)}, "target": target,
             "ntokens": int(tokens.ne(1).sum()), "nsentences": tokens.size(0)}
+
+
+WORDS = "cat dog sat ran on under mat log big small red old".split()
+
+
+def _chars(sentence):
+    """What fairseq's `characters` BPE makes of a sentence (the hub interface encodes the same way)."""
+    from fairseq.data.encoders.characters import Characters
+
+    return Characters.encode(sentence)
+
+
+def _write_corpus(d):
+    """d/{train,valid,test}.txt (characters), d/labels.{split} (1 if the sentence starts with 'the'), and
+    d/regression.{split} (its number of words / 10)."""
+    rng = random.Random(0)
+    for split, n in (("train", 300), ("valid", 30), ("test", 20)):
+        sents = [" ".join([rng.choice(["the", "a"])] + rng.choices(WORDS, k=rng.randint(2, 6))) for _ in range(n)]
+        with open(os.path.join(d, f"{split}.txt"), "w") as f:
+            f.writelines(_chars(s) + "\n" for s in sents)
+        with open(os.path.join(d, f"labels.{split}"), "w") as f:
+            f.writelines(("1" if s.startswith("the ") else "0") + "\n" for s in sents)
+        with open(os.path.join(d, f"regression.{split}"), "w") as f:
+            f.writelines(f"{len(s.split()) / 10}\n" for s in sents)
+
+
+def make_roberta_corpus(d: str) -> str:
+    """Sentences of 3 to 7 words over 14, written in characters (fairseq's `characters` BPE, so the hub's
+    encode needs no model file), binarised into the pretraining data-bin d/mlm and the fine-tuning one
+    d/ft (input0 with the same dictionary, label: classes, label/{split}.label: regression targets);
+    returns d."""
+    _write_corpus(d)
+    run(["fairseq-preprocess", "--only-source", "--trainpref", "train.txt", "--validpref", "valid.txt",
+         "--testpref", "test.txt", "--destdir", "mlm", "--workers", "1"], cwd=d)
+    run(["fairseq-preprocess", "--only-source", "--trainpref", "train.txt", "--validpref", "valid.txt",
+         "--destdir", "ft/input0", "--srcdict", "mlm/dict.txt", "--workers", "1"], cwd=d)
+    run(["fairseq-preprocess", "--only-source", "--trainpref", "labels.train", "--validpref", "labels.valid",
+         "--destdir", "ft/label", "--workers", "1"], cwd=d)
+    for split in ("train", "valid"):
+        with open(os.path.join(d, f"regression.{split}")) as f, open(os.path.join(d, f"ft/label/{split}.label"), "w") as g:
+            g.write(f.read())
+    return d
+
+
+_CORPUS = {}
+
+
+def roberta_corpus_once(tmp_path_factory) -> str:
+    """make_roberta_corpus once per session, for every module that uses it (each run writes its own
+    --save-dir under it)."""
+    if "d" not in _CORPUS:
+        _CORPUS["d"] = make_roberta_corpus(str(tmp_path_factory.mktemp("roberta")))
+    return _CORPUS["d"]
