@@ -124,6 +124,27 @@ def test_refusals_name_the_reason(exported, tmp_path, capsys, case):
     assert not os.path.exists(out)
 
 
+@pytest.mark.parametrize("key,value,option", [
+    ("cross_self_attention", True, "--cross-self-attention"),
+    ("no_cross_attention", True, "--no-cross-attention"),
+    ("encoder_layers_to_keep", "0", "--encoder-layers-to-keep"),
+    ("adaptive_softmax_cutoff", "10", "--adaptive-softmax-cutoff"),
+])
+def test_options_ctranslate2_cannot_represent_are_refused(exported, tmp_path, capsys, key, value, option):
+    """The trained checkpoint with one option set in its model config (a Namespace; the refusal reads only
+    the config): the converter would drop the option or fail on a module the model does not have."""
+    d = exported
+    state = torch.load(os.path.join(d, "ckpt", "checkpoint_last.pt"), weights_only=False)
+    setattr(state["cfg"]["model"], key, value)
+    ckpt, out = str(tmp_path / "changed.pt"), str(tmp_path / "out")
+    torch.save(state, ckpt)
+    with pytest.raises(SystemExit) as e:
+        export_ctranslate2.main([ckpt, os.path.join(d, "bin"), out])
+    err = capsys.readouterr().err
+    assert e.value.code == 1 and f"CTranslate2 cannot represent {option} " in err and err.count("\n") == 1, err
+    assert not os.path.exists(out)
+
+
 @pytest.fixture(scope="module")
 def other_data_bins(tmp_path_factory):
     """{name: data-bin} that the exported model was not trained on: a translation data-bin over another

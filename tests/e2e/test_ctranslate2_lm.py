@@ -2,9 +2,9 @@
 ls_transformer_lm (post-norm, sinusoidal positions, relu, 512-wide input and output projections) and on
 fairseq's own transformer_lm_gpt2_tiny (pre-norm, learned positions, gelu), each trained 40 updates through
 fairseq-train on counting sentences (w5 w6 ... w11: a random first word, then its successors up to w11, so
-that greedy continuations of different lengths end in </s>); CTranslate2's Generator against the hub's greedy `sample` and against fairseq-eval-lm's
-per-token log-probabilities on the test split; the refusals. Marked `e2e`; skipped, with one reason, where
-the ctranslate2 package is not installed."""
+that greedy continuations of different lengths end in </s>); CTranslate2's Generator against the hub's
+greedy `sample` and against fairseq-eval-lm's per-token log-probabilities on the test split; the refusals.
+Marked `e2e`; skipped, with one reason, where the ctranslate2 package is not installed."""
 import argparse
 import os
 import re
@@ -72,7 +72,7 @@ def generator(d, name):
     return ctranslate2.Generator(os.path.join(d, f"ct2_{name}"), device="cpu", intra_threads=1)
 
 
-def test_the_exported_model_has_the_checkpoints_layout(exported):
+def test_the_exported_model_starts_with_fairseqs_start_token(exported):
     d, name = exported
     with open(os.path.join(d, f"ct2_{name}", "config.json")) as f:
         config = f.read()
@@ -169,6 +169,8 @@ def _set_option(state, section, key, value):
 @pytest.mark.parametrize("section,key,value,expected", [
     ("model", "adaptive_softmax_cutoff", "5,10", "CTranslate2 cannot represent --adaptive-softmax-cutoff"),
     ("model", "scale_fc", True, "CTranslate2 cannot represent --scale-fc"),
+    ("model", "base_layers", 1, "CTranslate2 cannot represent --base-layers"),
+    ("model", "decoder_layers_to_keep", "0", "CTranslate2 cannot represent --decoder-layers-to-keep"),
     ("model", "decoder_output_dim", 48, "CTranslate2 cannot represent --decoder-input-dim/--decoder-output-dim"),
     ("task", "output_dictionary_size", 10, "CTranslate2 cannot represent --output-dictionary-size"),
     # the converter's own refusal, as one line
