@@ -1,30 +1,36 @@
 """`python -m fairseq_lightseq.export_ctranslate2 CHECKPOINT DATA_BIN OUTPUT_DIR`: a CTranslate2 model
-directory from a translation checkpoint of ours (or of fairseq's transformer), for serving.
+directory from a translation or language-model checkpoint of ours (or of fairseq's transformer /
+transformer_lm), for serving with `ctranslate2.Translator` or `ctranslate2.Generator`.
 
     python -m fairseq_lightseq.export_ctranslate2 checkpoints/checkpoint_best.pt data-bin ct2_model \\
         [--quantization int8] [--force] [--source-lang en --target-lang de]
 
 CTranslate2's own `ct2-fairseq-converter` refuses our checkpoints: it converts only the fairseq models it
-knows (`transformer`, ...), by their registered name, and it reads the checkpoint with torch's safe loader,
-which refuses a fairseq checkpoint's Namespace and omegaconf objects unless the plugin was imported. So
-this command does what the manual route does, in one process:
+knows (`transformer`, `transformer_lm`, ...), by their registered name, and it reads the checkpoint with
+torch's safe loader, which refuses a fairseq checkpoint's Namespace and omegaconf objects unless the plugin
+was imported. So this command does what the manual route does, in one process:
 
 1. read the checkpoint with the plugin's safe reader (checkpoint_io.load_file; importing the package
    allow-lists exactly what fairseq checkpoints contain, checkpoint_safety);
-2. rename ls_transformer_X -> transformer_X (and the criterion and optimizer) with the code of
-   `scripts/convert_checkpoint.py --to fairseq` (checkpoint_convert): the weights are fairseq's already;
-3. write only what the converter reads (args, cfg, model; not the Adam moments) to a temporary file next
-   to OUTPUT_DIR;
-4. call CTranslate2's converter (`ctranslate2.converters.FairseqConverter(...).convert(...)`), which builds
-   fairseq's transformer from DATA_BIN's dictionaries, loads the weights and writes its model spec; its
-   checks (e.g. the same normalize-before on both sides) and its quantizations apply unchanged.
+2. rename ls_transformer_X -> transformer_X, ls_transformer_lm_X -> transformer_lm_X (and the criterion and
+   optimizer) with the code of `scripts/convert_checkpoint.py --to fairseq` (checkpoint_convert): the
+   weights are fairseq's already;
+3. check what the converter would fail on with a traceback or convert wrongly (export_checks): DATA_BIN's
+   dictionaries against the checkpoint's embeddings, the language pair, options CTranslate2 cannot hold;
+4. write only what the converter reads to a temporary file next to OUTPUT_DIR: for a translation model
+   args, cfg and model; for a language model the weights and `args`, the argparse Namespace of task and
+   model options that the converter reads (fairseq's transformer_lm records them as two dicts, cfg.task
+   and cfg.model; the converter sets attributes on what it finds, so a dict fails);
+5. call CTranslate2's converter (`ctranslate2.converters.FairseqConverter(...).convert(...)`), which builds
+   fairseq's model from DATA_BIN's dictionaries, loads the weights and writes its model spec; its checks
+   (e.g. the same normalize-before on both sides) and its quantizations apply unchanged.
 
-Only the translation family can be exported: CTranslate2's fairseq converter has no RoBERTa model, and it
-reads a language model's config as an argparse Namespace, which fairseq's transformer_lm records as a
-dict (so does our converter's --to fairseq output).
+RoBERTa cannot be exported: CTranslate2's fairseq converter has no RoBERTa model.
 
-CTranslate2 translates tokens: give `ctranslate2.Translator(OUTPUT_DIR).translate_batch` the source as
-the token list fairseq-generate sees (after your BPE or sentencepiece), without </s>; see docs/usage.md.
+CTranslate2 works on tokens: give `ctranslate2.Translator(OUTPUT_DIR).translate_batch` the source as the
+token list fairseq-generate sees (after your BPE or sentencepiece), without </s>, and a language model's
+`ctranslate2.Generator(OUTPUT_DIR).generate_batch` the prompt after "</s>" (fairseq's start token for a
+language model without --add-bos-token); see docs/usage.md.
 """
 import argparse
 import os
@@ -33,13 +39,12 @@ import tempfile
 
 from .checkpoint_convert import convert_state, recorded_arch
 from .checkpoint_io import CheckpointReadError, load_file
+from .export_checks import (ExportError, check_lm_dictionary, check_representable, check_translation_dictionaries,
+                            language_pair, unsupported_message)
 from .families import FAMILIES, PREFIX, family_of
 
 INSTALL = "pip install ctranslate2"
-
-
-class ExportError(ValueError):
-    """The checkpoint, data-bin or output directory cannot be exported as asked; the message says why."""
+EXPORTED = ("translation", "language_model")
 
 
 def _ctranslate2():
@@ -62,24 +67,54 @@ def _check_paths(checkpoint: str, data_bin: str, output_dir: str, force: bool) -
         raise ExportError(f"output directory {output_dir} already exists (--force replaces it)")
 
 
-def native_translation_state(state: dict) -> dict:
-    """The parts of a loaded translation checkpoint that CTranslate2's converter reads (args, cfg, model),
-    with fairseq's names: ls_transformer_X -> transformer_X; a fairseq transformer checkpoint as it is.
-    ExportError for a checkpoint of another family or none."""
-    arch = recorded_arch(state)
-    if arch is None:
-        raise ExportError("the checkpoint records no model architecture (no args.arch / cfg.model._name)")
+def _family(arch: str):
+    """(name, Family) of `arch`: ours or its fairseq counterpart, or another fairseq architecture of a
+    family's native model (fairseq's transformer_lm_wiki103 has no ls_ twin: its options are refused by
+    the checks, not its name)."""
+    from fairseq.models import ARCH_MODEL_NAME_REGISTRY
+
     try:
         family = family_of(arch)
     except ValueError as e:
-        raise ExportError(str(e)) from None
-    translation = FAMILIES["translation"]
-    if family is not translation:
-        raise ExportError(f"only translation models ({translation.model}, {translation.native} and their "
-                          f"architectures) can be exported to CTranslate2; {arch!r} is a {family.task} model")
+        family = next((f for f in FAMILIES.values() if ARCH_MODEL_NAME_REGISTRY.get(arch) == f.native), None)
+        if family is None:
+            raise ExportError(str(e)) from None
+    return next(name for name, f in FAMILIES.items() if f is family), family
+
+
+def _lm_args(state: dict) -> argparse.Namespace:
+    """The Namespace CTranslate2's converter reads for a language model (with fairseq's names): a legacy
+    checkpoint's `args` as it is; else cfg.task's options, then cfg.model's over them (a None of the model
+    config, e.g. max_target_positions that fairseq fills from the task at build, does not hide the task's),
+    with `task` and `arch` the two configs' names."""
+    if isinstance(state.get("args"), argparse.Namespace):
+        return state["args"]
+    task, model = dict(state["cfg"]["task"]), dict(state["cfg"]["model"])  # fairseq's: plain dicts
+    merged = dict(task)
+    merged.update({k: v for k, v in model.items() if v is not None or k not in merged})
+    merged.update(task=task["_name"], arch=model.get("arch") or model["_name"])
+    merged.pop("_name")
+    return argparse.Namespace(**merged)
+
+
+def native_state(state: dict):
+    """(family name, what CTranslate2's converter reads) of a loaded checkpoint, with fairseq's names:
+    ls_X -> X; a fairseq checkpoint as it is. For a translation model {args, cfg, model}; for a language
+    model {args: the Namespace of task and model options, model}. ExportError for a checkpoint of another
+    family or none."""
+    arch = recorded_arch(state)
+    if arch is None:
+        raise ExportError("the checkpoint records no model architecture (no args.arch / cfg.model._name)")
+    name, family = _family(arch)
+    if name not in EXPORTED:
+        kinds = ", ".join(f"{FAMILIES[n].model}, {FAMILIES[n].native}" for n in EXPORTED)
+        raise ExportError(f"only translation and language models ({kinds} and their architectures) can be "
+                          f"exported to CTranslate2; {arch!r} is a {family.task} model")
     if arch.startswith(PREFIX):
         convert_state(state, "fairseq")
-    return {key: state.get(key) for key in ("args", "cfg", "model")}
+    if name == "language_model":
+        return name, {"args": _lm_args(state), "cfg": None, "model": state["model"]}
+    return name, {key: state.get(key) for key in ("args", "cfg", "model")}
 
 
 def export(checkpoint: str, data_bin: str, output_dir: str, quantization=None, force: bool = False,
@@ -93,31 +128,51 @@ def export(checkpoint: str, data_bin: str, output_dir: str, quantization=None, f
     _check_paths(checkpoint, data_bin, output_dir, force)
     import torch
 
-    native = native_translation_state(load_file(checkpoint))
+    family, native = native_state(load_file(checkpoint))
+    args = native["args"] or native["cfg"]["model"]  # what the converter reads
+    language_model = family == "language_model"
+    check_representable(args, language_model)
+    if language_model:
+        if source_lang or target_lang:
+            raise ExportError("--source-lang/--target-lang are for translation models; a language model has one "
+                              "dictionary, DATA_BIN's dict.txt")
+        check_lm_dictionary(native["model"], data_bin)
+    else:
+        source_lang, target_lang = language_pair(args, data_bin, source_lang, target_lang)
+        check_translation_dictionaries(native["model"], data_bin, source_lang, target_lang)
     parent = os.path.dirname(os.path.abspath(output_dir))  # the output's disk has room for the weights
     os.makedirs(parent, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".export_ctranslate2.", dir=parent) as tmp:
         path = os.path.join(tmp, "checkpoint_fairseq.pt")
         torch.save(native, path)
         # No user_dir: this process imported the plugin already, whose allowlist lets CTranslate2's
-        # torch.load(weights_only=True) read the file; the model it builds is fairseq's transformer.
+        # torch.load(weights_only=True) read the file; the model it builds is fairseq's.
         converter = ctranslate2.converters.FairseqConverter(path, data_bin, source_lang=source_lang,
                                                             target_lang=target_lang)
-        return converter.convert(output_dir, quantization=quantization, force=force)
+        try:
+            return converter.convert(output_dir, quantization=quantization, force=force)
+        except ValueError as e:
+            message = unsupported_message(e)
+            if message is None:
+                raise
+            raise ExportError(message) from None
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m fairseq_lightseq.export_ctranslate2", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("checkpoint", help="a translation checkpoint (ls_transformer* or transformer*)")
+    parser.add_argument("checkpoint", help="a translation or language-model checkpoint (ls_transformer*, "
+                                           "ls_transformer_lm*, or fairseq's transformer*, transformer_lm*)")
     parser.add_argument("data_bin", help="the fairseq-preprocess directory the model was trained on")
     parser.add_argument("output_dir", help="the CTranslate2 model directory to write")
     parser.add_argument("--quantization", default=None,
                         help="CTranslate2's weight type (int8, float16, ...: its ACCEPTED_MODEL_TYPES); "
                              "default: the checkpoint's dtype")
     parser.add_argument("--force", action="store_true", help="replace an existing output directory")
-    parser.add_argument("--source-lang", default=None, help="default: the one the checkpoint records")
-    parser.add_argument("--target-lang", default=None, help="default: the one the checkpoint records")
+    parser.add_argument("--source-lang", default=None,
+                        help="a translation model's; default: the one the checkpoint records, else DATA_BIN's")
+    parser.add_argument("--target-lang", default=None,
+                        help="a translation model's; default: the one the checkpoint records, else DATA_BIN's")
     args = parser.parse_args(argv)
     try:
         out = export(args.checkpoint, args.data_bin, args.output_dir, args.quantization, args.force,

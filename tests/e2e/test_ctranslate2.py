@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from support import ROOT
-from support.cli import env, generate, make_data_bin, run, train_args
+from support.cli import env, generate, make_corpus, make_data_bin, make_lm_data_bin, run, train_args
 
 ctranslate2 = pytest.importorskip("ctranslate2", reason="ctranslate2 is not installed (pip install ctranslate2)")
 
@@ -92,30 +92,92 @@ def test_force_replaces_the_directory_with_int8_weights(exported, capsys):
     assert translator.translate_batch([["w1", "w2", "w3"]], beam_size=2)[0].hypotheses[0]
 
 
-def lm_state(path):
-    """A language-model checkpoint as ls_transformer_lm records it (a legacy Namespace)."""
-    torch.save({"args": None, "cfg": {"model": argparse.Namespace(_name="ls_transformer_lm", arch="ls_transformer_lm")},
+def roberta_state(path):
+    """A RoBERTa checkpoint as ls_roberta records it (a legacy Namespace); the refusal reads only the arch."""
+    torch.save({"args": None, "cfg": {"model": argparse.Namespace(_name="ls_roberta", arch="ls_roberta")},
                 "model": {}}, path)
     return path
 
 
-@pytest.mark.parametrize("case", ["no_checkpoint", "no_data_bin", "language_model", "quantization"])
+@pytest.mark.parametrize("case", ["no_checkpoint", "no_data_bin", "roberta", "quantization", "one_language"])
 def test_refusals_name_the_reason(exported, tmp_path, capsys, case):
     d = exported
     ckpt, data_bin, out, extra = os.path.join(d, "ckpt", "checkpoint_last.pt"), os.path.join(d, "bin"), \
         str(tmp_path / "out"), []
     expected = {"no_checkpoint": "is not a file", "no_data_bin": "is not a directory",
-                "language_model": "only translation models", "quantization": "is not one of CTranslate2's"}[case]
+                "roberta": "only translation and language models", "quantization": "is not one of CTranslate2's",
+                "one_language": "--source-lang alone: pass both --source-lang and --target-lang"}[case]
     if case == "no_checkpoint":
         ckpt = str(tmp_path / "missing.pt")
     elif case == "no_data_bin":
         data_bin = str(tmp_path / "missing_bin")
-    elif case == "language_model":
-        ckpt = lm_state(str(tmp_path / "lm.pt"))
-    else:
+    elif case == "roberta":
+        ckpt = roberta_state(str(tmp_path / "roberta.pt"))
+    elif case == "quantization":
         extra = ["--quantization", "int3"]
+    else:
+        extra = ["--source-lang", "src"]
     with pytest.raises(SystemExit) as e:
         export_ctranslate2.main([ckpt, data_bin, out, *extra])
     err = capsys.readouterr().err
     assert e.value.code == 1 and expected in err, err
+    assert not os.path.exists(out)
+
+
+@pytest.mark.parametrize("key,value,option", [
+    ("cross_self_attention", True, "--cross-self-attention"),
+    ("no_cross_attention", True, "--no-cross-attention"),
+    ("encoder_layers_to_keep", "0", "--encoder-layers-to-keep"),
+    ("adaptive_softmax_cutoff", "10", "--adaptive-softmax-cutoff"),
+])
+def test_options_ctranslate2_cannot_represent_are_refused(exported, tmp_path, capsys, key, value, option):
+    """The trained checkpoint with one option set in its model config (a Namespace; the refusal reads only
+    the config): the converter would drop the option or fail on a module the model does not have."""
+    d = exported
+    state = torch.load(os.path.join(d, "ckpt", "checkpoint_last.pt"), weights_only=False)
+    setattr(state["cfg"]["model"], key, value)
+    ckpt, out = str(tmp_path / "changed.pt"), str(tmp_path / "out")
+    torch.save(state, ckpt)
+    with pytest.raises(SystemExit) as e:
+        export_ctranslate2.main([ckpt, os.path.join(d, "bin"), out])
+    err = capsys.readouterr().err
+    assert e.value.code == 1 and f"CTranslate2 cannot represent {option} " in err and err.count("\n") == 1, err
+    assert not os.path.exists(out)
+
+
+@pytest.fixture(scope="module")
+def other_data_bins(tmp_path_factory):
+    """{name: data-bin} that the exported model was not trained on: a translation data-bin over another
+    vocabulary (the three-word corpus: 8 entries per dictionary, the model's have 40), and a language
+    model's (dict.txt only)."""
+    return {"other_vocabulary": os.path.join(make_corpus(str(tmp_path_factory.mktemp("ct2_corpus"))), "bin"),
+            "language_model": make_lm_data_bin(str(tmp_path_factory.mktemp("ct2_lm_bin")))}
+
+
+@pytest.mark.parametrize("case", ["other_vocabulary", "swapped", "language_model"])
+def test_data_bin_mismatches_end_in_one_line(exported, other_data_bins, tmp_path, case):
+    """Through the command as a user runs it: exit status 1 and one line (no traceback) naming what does
+    not match and what to pass."""
+    d = exported
+    data_bin, extra = os.path.join(d, "bin"), []
+    if case == "swapped":
+        extra = ["--source-lang", "tgt", "--target-lang", "src"]
+        expected = ("--source-lang tgt --target-lang src is the reverse of the model's direction src->tgt (the only "
+                    f"pair {data_bin}'s files are named by); pass --source-lang src --target-lang tgt, or neither")
+    else:
+        data_bin = other_data_bins[case]
+        expected = {"other_vocabulary": f"{data_bin}'s dictionaries do not match the checkpoint: dict.src.txt has 8 "
+                                        "entries and dict.tgt.txt 8, the checkpoint's source vocabulary 40 and "
+                                        "target vocabulary 40; pass the data-bin the model was trained on",
+                    "language_model": f"{data_bin} is not a translation data-bin: no file is named like "
+                                      "train.SRC-TGT.SRC.idx to give the language pair, and the checkpoint records "
+                                      "none (dictionaries found: dict.txt, a language model's data-bin); pass the "
+                                      "data-bin the model was trained on, or --source-lang and --target-lang"}[case]
+    out = str(tmp_path / "out")
+    r = subprocess.run([sys.executable, "-m", "fairseq_lightseq.export_ctranslate2",
+                        os.path.join(d, "ckpt", "checkpoint_last.pt"), data_bin, out, *extra],
+                       cwd=ROOT, capture_output=True, text=True, timeout=300, env=env())
+    errors = [line for line in r.stderr.splitlines() if not line.startswith("INFO:")]  # fairseq's logging
+    assert r.returncode == 1 and len(errors) == 1, r.stderr[-4000:]
+    assert errors[0].startswith("python -m fairseq_lightseq.export_ctranslate2: error: ") and expected in errors[0]
     assert not os.path.exists(out)

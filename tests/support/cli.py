@@ -220,15 +220,20 @@ def checkpoint_params(d):
     return {k: v.double() for k, v in state.items() if v.is_floating_point() and not k.endswith(("version", "_float_tensor"))}
 
 
-def make_lm_data_bin(d, n_train=300, n_valid=20, n_test=20):
-    """A toy monolingual corpus (3 to 12 words over 12, a determiner first) binarised with
-    fairseq-preprocess --only-source into d/bin, as the language_modeling task reads it; returns d/bin."""
-    rng = random.Random(0)
+def _toy_sentence(rng):
     words = "cat dog sat ran on under mat log big small red old".split()
+    return " ".join([rng.choice(["the", "a"])] + rng.choices(words, k=rng.randint(2, 11)))
+
+
+def make_lm_data_bin(d, n_train=300, n_valid=20, n_test=20, sentence=_toy_sentence):
+    """A toy monolingual corpus (by default 3 to 12 words over 12, a determiner first; else sentence(rng)
+    -> str) binarised with fairseq-preprocess --only-source into d/bin, as the language_modeling task reads
+    it; returns d/bin."""
+    rng = random.Random(0)
     for split, n in (("train", n_train), ("valid", n_valid), ("test", n_test)):
         with open(os.path.join(d, f"{split}.txt"), "w") as f:
             for _ in range(n):
-                f.write(" ".join([rng.choice(["the", "a"])] + rng.choices(words, k=rng.randint(2, 11))) + "\n")
+                f.write(sentence(rng) + "\n")
     run(["fairseq-preprocess", "--only-source", "--trainpref", "train.txt", "--validpref", "valid.txt",
          "--testpref", "test.txt", "--destdir", "bin", "--workers", "1"], cwd=d)
     return os.path.join(d, "bin")
