@@ -31,9 +31,9 @@ import os
 import pickle
 import tempfile
 
-from .checkpoint_convert import convert_state, recorded_arch
-from .checkpoint_io import CheckpointReadError, load_file
-from .families import FAMILIES, PREFIX, family_of
+from .checkpoints.convert import convert_state, recorded_arch
+from .checkpoints.io import CheckpointReadError, load_file
+from .models.families import FAMILIES, PREFIX, family_of
 
 INSTALL = "pip install ctranslate2"
 

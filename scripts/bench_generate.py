@@ -68,7 +68,7 @@ def twin_checkpoints(src: str, tmp: str) -> dict:
     import torch
 
     from convert_checkpoint import convert_state
-    from fairseq_lightseq.families import PREFIX
+    from fairseq_lightseq.models.families import PREFIX
 
     state = torch.load(src, map_location="cpu", weights_only=False)
     cfg_model = state["cfg"]["model"] if state.get("cfg") is not None else state["args"]

@@ -125,7 +125,7 @@ def _widths(a) -> None:
     if a.arch:
         from argparse import Namespace
 
-        from fairseq_lightseq.families import family_of
+        from fairseq_lightseq.models.families import family_of
 
         ns = Namespace()
         family_of(a.arch).architectures[a.arch](ns)

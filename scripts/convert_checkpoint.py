@@ -34,8 +34,8 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from fairseq_lightseq.checkpoint_convert import PARTS, convert_state  # noqa: E402
-from fairseq_lightseq import checkpoint_io  # noqa: E402  (the safe loader, clear read errors)
+from fairseq_lightseq.checkpoints.convert import PARTS, convert_state  # noqa: E402
+from fairseq_lightseq.checkpoints import io as checkpoint_io  # noqa: E402  (the safe loader, clear read errors)
 
 
 def main(argv=None):

@@ -34,7 +34,7 @@ from ..ops import _backend
 from ..ops.blocks import AttentionBlockConfig, FeedForwardBlockConfig, attention_block, feed_forward_block
 from ..ops.blocks.attention import sdpa_key_padding_mask, sdpa_supported
 from ..ops.reference.dropout import ACTIVATIONS
-from ..sequence_parallel.attention import sharded_attention
+from .sharded_attention import sharded_attention
 from ..sequence_parallel.sharding import Shard
 from .multihead_attention import IncrementalState, LSMultiheadAttention, use_sdpa
 

@@ -9,7 +9,7 @@ from . import reference  # noqa: F401
 from . import blocks  # noqa: F401
 from ._backend import BUILD_INFO, NO_DROPOUT, Dropout, draw, has_kernel  # noqa: F401
 from .reference.attention import AttentionCoords  # noqa: F401  (the coords type the attention op takes)
-from . import _families
+from . import _groups
 
 # {public name: object}, from every family module's __all__
-FAMILY_EXPORTS = _families.export_families(sys.modules[__name__])
+FAMILY_EXPORTS = _groups.export_families(sys.modules[__name__])

@@ -17,7 +17,7 @@ def train_args(family, data_bin: str, repo: str, side: str, arch_size: str, devi
                shape, layers=None, extra=()):
     """fairseq-train arguments for one side of `family` (a bench_support.families.BenchFamily; see the
     module docstring); `shape` is (max_tokens, seq_len) (seq_len None for translation)."""
-    from fairseq_lightseq.families import FAMILIES, OPTIMIZERS, PREFIX
+    from fairseq_lightseq.models.families import FAMILIES, OPTIMIZERS, PREFIX
 
     from .families import layer_args, shape_args
 

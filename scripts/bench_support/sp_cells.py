@@ -52,7 +52,7 @@ def build(cfg: dict, max_positions: int):
     from fairseq.criterions import CRITERION_REGISTRY
     from fairseq.data import Dictionary
     from fairseq.models import ARCH_MODEL_REGISTRY
-    from fairseq_lightseq.families import family_of
+    from fairseq_lightseq.models.families import family_of
 
     arch = cfg.get("arch") or "ls_transformer"
     family = family_of(arch)

@@ -25,8 +25,8 @@ import fairseq_lightseq  # noqa: F401  (installs checkpoint_io)
 from fairseq import checkpoint_utils
 from fairseq.dataclass.configs import CheckpointConfig
 from fairseq.file_io import PathManager
-from fairseq_lightseq import checkpoint_io
-from fairseq_lightseq.checkpoint_io import CheckpointReadError
+from fairseq_lightseq.checkpoints import io as checkpoint_io
+from fairseq_lightseq.checkpoints.io import CheckpointReadError
 
 from support.recipe import RECIPE, ROOT, prepare_once, run, train, train_inner
 
@@ -86,7 +86,7 @@ def test_resume_from_truncated_checkpoint_fails_clearly(prepared):
     rc, out = train(d, "broken", "--max-update", "10", check=False)
     assert rc != 0
     last = out.strip().splitlines()[-1]
-    assert last.startswith("fairseq_lightseq.checkpoint_io.CheckpointReadError: cannot read checkpoint broken/checkpoint_last.pt (3000 bytes)"), last
+    assert last.startswith("fairseq_lightseq.checkpoints.io.CheckpointReadError: cannot read checkpoint broken/checkpoint_last.pt (3000 bytes)"), last
     assert "truncated or corrupted" in last and "--restore-file" in last
     assert "_pickle" not in last
 

@@ -93,7 +93,7 @@ def test_every_family_gives_each_side_its_model_criterion_and_optimizer(family, 
     own training parser into the family's task, ours or fairseq's arch and criterion, and the side's
     optimizer; the tiny width sets every stack (and the LM's input/output dims)."""
     from fairseq import options
-    from fairseq_lightseq.families import FAMILIES as LIBRARY
+    from fairseq_lightseq.models.families import FAMILIES as LIBRARY
 
     from bench_support.families import FAMILIES, tiny_width_args
     from bench_support.fused_adamw import register

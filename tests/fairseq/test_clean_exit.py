@@ -8,7 +8,7 @@ import time
 import torch
 from fairseq.data.iterators import BackgroundConsumer, BufferedIterator
 
-from fairseq_lightseq import clean_exit
+from fairseq_lightseq.patches import clean_exit
 
 
 class TorchBatches:

@@ -8,7 +8,7 @@ import fairseq_lightseq  # noqa: F401  (installs the call_main wrapper)
 from fairseq import options
 from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 from fairseq.distributed import utils as distributed_utils
-from fairseq_lightseq import cli_config
+from fairseq_lightseq.patches import cli_config
 from fairseq_lightseq.optim.ls_adam import LSAdam
 
 

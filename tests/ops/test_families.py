@@ -9,7 +9,7 @@ import sys
 import pytest
 
 import fairseq_lightseq.ops as ops
-from fairseq_lightseq.ops import _families, reference
+from fairseq_lightseq.ops import _groups as _families, reference
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 FAMILIES = [m.__name__.rsplit(".", 1)[1] for m in _families.family_modules(ops)]

@@ -30,9 +30,9 @@ from torch import Tensor
 from .. import ops
 from ..ops._backend import Dropout
 from ..ops.blocks.attention import _heads
-from ..modules.multihead_attention import LSMultiheadAttention
-from .collectives import all_gather, all_to_all
-from .sharding import Shard
+from .multihead_attention import LSMultiheadAttention
+from ..sequence_parallel.collectives import all_gather, all_to_all
+from ..sequence_parallel.sharding import Shard
 
 
 def sharded_attention(attn: LSMultiheadAttention, x: Tensor, memory: Optional[Tensor], key_padding_mask: Tensor,
