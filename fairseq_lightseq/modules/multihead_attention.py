@@ -22,8 +22,8 @@ from fairseq.incremental_decoding_utils import with_incremental_state
 from fairseq.modules import FairseqDropout
 
 from .. import ops
-from ..ops import _backend
-from ..ops.blocks.attention import _sdpa_mask, sdpa_key_padding_mask, sdpa_supported
+from ..ops import dropout_stream
+from ..ops.blocks.attention import sdpa_mask, sdpa_key_padding_mask, sdpa_supported
 
 # When to use torch's fused scaled_dot_product_attention instead of the explicit
 # bmm -> ops.attention_softmax_dropout -> bmm path: "auto" = on CUDA, and on the CPU when the attention
@@ -173,12 +173,12 @@ class LSMultiheadAttention(nn.Module):
                 if incremental_state is not None:
                     self._set_input_buffer(incremental_state, {"prev_key": k, "prev_value": v})
         if attn_dropout is None:
-            attn_dropout = _backend.draw(self.dropout_module.p, self.dropout_active)
-        out, weights = self._attend(q, k, v, key_padding_mask, causal, need_weights, attn_dropout,
+            attn_dropout = dropout_stream.draw(self.dropout_module.p, self.dropout_active)
+        out, weights = self.attend(q, k, v, key_padding_mask, causal, need_weights, attn_dropout,
                                     right_padded=right_padded and incremental_state is None)
         return F.linear(out, self.out_proj.weight), weights
 
-    def _attend(self, q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Optional[Tensor], causal: bool,
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Optional[Tensor], causal: bool,
                 need_weights: bool, attn_dropout: ops.Dropout, coords: Optional[ops.AttentionCoords] = None,
                 right_padded: bool = False) -> Tuple[Tensor, Optional[Tensor]]:
         """q: [B, H, Tq, hd]; k, v: [B, H, Tk, hd] -> ([Tq, B, E], weights [B, Tq, Tk] or None). coords: where
@@ -188,10 +188,10 @@ class LSMultiheadAttention(nn.Module):
         Tk = k.size(2)
         sdpa_kpm = sdpa_key_padding_mask(key_padding_mask, causal, right_padded)
         sdpa = use_sdpa(q, attn_dropout.p, Tq, Tk)  # a decoding step (Tq = 1) on the CPU: explicit
-        # with a padding mask, _sdpa_mask builds the causal band explicitly, for any Tq and Tk
+        # with a padding mask, sdpa_mask builds the causal band explicitly, for any Tq and Tk
         if not need_weights and sdpa and (sdpa_kpm is not None or sdpa_supported(causal, Tq, Tk)):
-            # Fused attention: no [B, H, Tq, Tk] tensor in memory (masks: see _sdpa_mask).
-            mask, is_causal = _sdpa_mask(sdpa_kpm, causal, Tq, Tk, q.device)
+            # Fused attention: no [B, H, Tq, Tk] tensor in memory (masks: see sdpa_mask).
+            mask, is_causal = sdpa_mask(sdpa_kpm, causal, Tq, Tk, q.device)
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=attn_dropout.p,
                                                  is_causal=is_causal, scale=self.scaling)
             return out.permute(2, 0, 1, 3).reshape(Tq, B, H * hd), None

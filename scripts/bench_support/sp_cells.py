@@ -204,13 +204,13 @@ def fake_cell(model, criterion, smp, group, P: int, mode: str) -> dict:
     forward's token counts would read values); the dropout seed is a constant (it reads one too)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from fairseq_lightseq.ops import _backend
+    from fairseq_lightseq.ops import dropout_stream
     from fairseq_lightseq.sequence_parallel.collectives import reset_bytes
 
     _shard(model, group, P, mode)
     fake = FakeTensorMode(allow_non_fake_inputs=True)
-    next_seed = _backend.next_seed
-    _backend.next_seed = lambda: 12345
+    next_seed = dropout_stream.next_seed
+    dropout_stream.next_seed = lambda: 12345
     t0 = time.perf_counter()
     try:
         reset_bytes()
@@ -223,7 +223,7 @@ def fake_cell(model, criterion, smp, group, P: int, mode: str) -> dict:
             sb.finish(loss)
             loss.backward()
     finally:
-        _backend.next_seed = next_seed
+        dropout_stream.next_seed = next_seed
         model.zero_grad(set_to_none=True)
     return {"saved_bytes": sb.bytes, "saved_storages": sb.tensors, "sent": _sent(), "largest": sb.groups(6),
             "seconds": time.perf_counter() - t0}

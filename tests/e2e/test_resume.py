@@ -4,7 +4,7 @@
   logs the same per-update losses and ends with the same parameters, bit for bit, as an
   uninterrupted run with the same seed: fairseq restores the data iterator's position inside the
   epoch and reseeds torch (seed + num_updates) before each update, and our dropout draws its
-  Philox seed from that generator (ops/_backend.next_seed, once per encoder/decoder forward).
+  Philox seed from that generator (ops/dropout_stream.next_seed, once per encoder/decoder forward).
 * An unreadable (truncated, corrupted, empty) checkpoint stops fairseq-train and fairseq-generate
   with fairseq_lightseq.checkpoint_io.CheckpointReadError naming the file, not a raw zip/unpickling
   traceback.
@@ -25,7 +25,7 @@ import fairseq_lightseq  # noqa: F401  (installs checkpoint_io)
 from fairseq import checkpoint_utils
 from fairseq.dataclass.configs import CheckpointConfig
 from fairseq.file_io import PathManager
-from fairseq_lightseq.checkpoints import io as checkpoint_io
+from fairseq_lightseq.patches import checkpoint_io
 from fairseq_lightseq.checkpoints.io import CheckpointReadError
 
 from support.recipe import RECIPE, ROOT, prepare_once, run, train, train_inner

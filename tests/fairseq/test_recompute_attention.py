@@ -8,7 +8,7 @@ from fairseq import options
 from fairseq_lightseq.models.ls_roberta import LSRobertaModel
 from fairseq_lightseq.models.ls_transformer import LSTransformerModel
 from fairseq_lightseq.models.ls_transformer_lm import LSTransformerLanguageModel
-from fairseq_lightseq.modules.transformer_layer import _TransformerLayerBase
+from fairseq_lightseq.modules.transformer_layer import TransformerLayerBase
 
 from support.lm import build_lm, lm_batch
 from support.models import build, make_task
@@ -16,7 +16,7 @@ from support.roberta import build_roberta, make_mlm_task
 
 
 def _flags(model):
-    flags = {m.recompute_attention for m in model.modules() if isinstance(m, _TransformerLayerBase)}
+    flags = {m.recompute_attention for m in model.modules() if isinstance(m, TransformerLayerBase)}
     assert len(flags) == 1
     return flags.pop()
 

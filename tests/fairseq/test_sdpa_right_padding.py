@@ -24,7 +24,7 @@ from fairseq.tasks.translation import TranslationConfig, TranslationTask
 
 from fairseq_lightseq.models.common import right_padded_targets
 from fairseq_lightseq.modules import multihead_attention, transformer_layer
-from fairseq_lightseq.ops.blocks.attention import _sdpa_mask, sdpa_key_padding_mask
+from fairseq_lightseq.ops.blocks.attention import sdpa_mask, sdpa_key_padding_mask
 
 from support.dist import run
 from support.models import TINY, batch, make_dict, make_task, perturb_
@@ -143,10 +143,10 @@ def test_padding_side_comes_from_the_task():
 
 
 @pytest.mark.parametrize("Tq,Tk", [(1, 6), (4, 4), (3, 7)])
-def test_sdpa_mask_without_padding_is_the_lower_right_band(Tq, Tk):
+def testsdpa_mask_without_padding_is_the_lower_right_band(Tq, Tk):
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(2, 3, n, 8, generator=g, dtype=torch.float64) for n in (Tq, Tk, Tk))
-    mask, is_causal = _sdpa_mask(None, True, Tq, Tk, q.device)
+    mask, is_causal = sdpa_mask(None, True, Tq, Tk, q.device)
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal)
     band = torch.ones(Tq, Tk, dtype=torch.bool).tril(Tk - Tq)
     torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v, attn_mask=band), rtol=1e-12, atol=1e-12)
@@ -167,7 +167,7 @@ def test_lower_right_band_on_cuda_keeps_no_mask(dtype):
     results, saved = [], []
     for lower_right in (True, False):
         q, k, v = (t.clone().requires_grad_() for t in inputs)
-        mask, is_causal = _sdpa_mask(None, True, Tq, Tk, q.device) if lower_right else (band, False)
+        mask, is_causal = sdpa_mask(None, True, Tq, Tk, q.device) if lower_right else (band, False)
         with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(tuple(t.shape)) or t, lambda t: t):
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal)
         if lower_right:

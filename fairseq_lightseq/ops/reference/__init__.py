@@ -6,4 +6,4 @@ import sys
 
 from .. import _groups
 
-_groups.export_families(sys.modules[__name__])
+_groups.export_all(sys.modules[__name__], _groups.public_modules(sys.modules[__name__]))
