@@ -18,7 +18,7 @@ from bench_support import check_args  # noqa: E402  (this script's folder is on 
 
 from fairseq.optim.adam import Adam as FairseqAdamImpl  # noqa: E402
 
-from fairseq_lightseq.ops import _backend  # noqa: E402
+from fairseq_lightseq import ops  # noqa: E402
 from fairseq_lightseq.optim import FusedAdam  # noqa: E402
 
 
@@ -71,7 +71,7 @@ def main():
     n = sum(p.numel() for p in params)
     print(f"device={args.device} threads={torch.get_num_threads()} layers={layers} vocab={vocab} "
           f"tensors={len(params)} params={n / 1e6:.1f}M (fp32 params/grads/state) kernel="
-          f"{_backend.has_kernel('adam_step_', args.device)}")
+          f"{ops.has_kernel('adam_step_', args.device)}")
     kw = dict(lr=1e-4, betas=(0.9, 0.98), eps=1e-8, weight_decay=0.01)
     results = {}
     for name, cls in [("ls_adam (fused)", FusedAdam), ("fairseq adam", FairseqAdamImpl)]:

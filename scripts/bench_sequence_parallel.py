@@ -31,7 +31,7 @@ parameters excluded. Bytes sent (per direction; forward = backward): the counter
 fairseq_lightseq.sequence_parallel.collectives, checked against the volumes of the issue
 (bench_support/sp_cells.expected_bytes) for the whole model.
 
---attention sdpa runs torch's fused attention on the CPU too (SDPA_MODE = "always": nothing T x T
+--attention sdpa runs torch's fused attention on the CPU too (the model's --ls-attention sdpa: nothing T x T
 kept for backward; the dropout then draws from torch's generator). The model is built with its family's
 fairseq task (language_modeling, translation), whose rows are right padded: the decoder's causal
 self-attention then runs SDPA without a padding mask (ops.blocks.attention.sdpa_key_padding_mask). With the explicit attention, a
@@ -150,19 +150,20 @@ def run_grid(a, out: dict) -> None:
     """Fills out["config"] and out["cells"], saving the JSON after every cell (a long grid stopped early
     keeps what it measured)."""
     from bench_support import sp_cells
-    from fairseq_lightseq.modules import multihead_attention
     from fairseq_lightseq import ops
+    from fairseq_lightseq.models.common import set_attention_mode
+    from fairseq_lightseq.modules import multihead_attention
 
     if a.threads:
         torch.set_num_threads(a.threads)
-    if a.attention == "sdpa":
-        multihead_attention.SDPA_MODE = "always"
+    mode = "sdpa" if a.attention == "sdpa" else "auto"  # --ls-attention's value
     cfg = {"arch": a.arch, "embed_dim": a.embed_dim, "ffn_dim": a.ffn_dim, "heads": a.heads, "layers": a.layers,
            "vocab": a.vocab, "dropout": a.dropout, "attention_dropout": a.attention_dropout}
     dtype = torch.bfloat16 if a.dtype == "bf16" else torch.float32
     elem = torch.finfo(dtype).bits // 8
     t0 = time.perf_counter()
     task, model, criterion = sp_cells.build(cfg, max(a.lengths) + 8)
+    set_attention_mode(model, mode)
     model.to(device=a.device, dtype=dtype)
     shape, decoder_only = sp_cells.shape(model), sp_cells.decoder_only(model)
     params = list(model.parameters())
@@ -175,7 +176,7 @@ def run_grid(a, out: dict) -> None:
                      "parameters": sum(p.numel() for p in params), "parameter_bytes": param_bytes,
                      "device_name": torch.cuda.get_device_name() if a.device == "cuda" else "cpu"}
     # CUDA, or no attention dropout: torch's fused attention
-    sdpa = multihead_attention.use_sdpa(torch.empty(0, device=a.device), a.attention_dropout)
+    sdpa = multihead_attention.use_sdpa(torch.empty(0, device=a.device), a.attention_dropout, mode=mode)
     attention = "sdpa" if sdpa else "kernel" if ops.has_kernel("attention_softmax_fwd", a.device) else "reference"
     cells = out["cells"] = []
     grid = [(T, P, m) for T in a.lengths for P in a.sizes for m in a.modes if not (P == 1 and m != a.modes[0])

@@ -103,9 +103,6 @@ def child_main(kind: str, spec: dict) -> None:
         res = run_side(spec)
     else:
         from bench_support.saved_bytes import forward_saved_bytes
-        if spec.get("ls_attention") == "sdpa":  # ls's attention as on a GPU (no effect on fairseq's side)
-            from fairseq_lightseq.modules import multihead_attention
-            multihead_attention.SDPA_MODE = "always"
         res = forward_saved_bytes(spec["args"], spec["pool"])
     print("RESULT " + json.dumps(res), flush=True)
 
@@ -400,8 +397,9 @@ def activation_bytes(a) -> dict:
             row = {}
             for side in ("ls", "fairseq"):
                 args = train_args_for(a, data_bin, side, "fp32", shape, a.layers, extra)
-                row[side] = run_child("act", {"args": args, "pool": pool_path, "ls_attention": a.ls_attention},
-                                      a.repo, a.threads)
+                if side == "ls" and a.ls_attention != "auto":  # ls's attention as on a GPU
+                    args = [*args, "--ls-attention", a.ls_attention]
+                row[side] = run_child("act", {"args": args, "pool": pool_path}, a.repo, a.threads)
                 r = row[side]
                 print(f"{size:<11}{label:>11} {side:<10}{r['bytes'] / 2**20:>11.1f}{r['storages']:>10}"
                       f"{r['from_ctx_attributes'] / 2**20:>14.1f}{'x'.join(map(str, r['batch'])):>12}", flush=True)

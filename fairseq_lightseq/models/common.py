@@ -5,6 +5,7 @@ the recompute default), and a cheap model.train()."""
 from fairseq.utils import eval_bool
 from torch import nn
 
+from ..modules.multihead_attention import ATTENTION_MODES, LSMultiheadAttention
 from ..modules.transformer_layer import TransformerLayerBase, ops_activation
 from ..sequence_parallel import options as sequence_parallel_options
 
@@ -78,24 +79,42 @@ def right_padded_targets(task) -> bool:
 
 
 def add_args(parser, model: str) -> None:
-    """The options every ls_* model adds to its fairseq base's: sequence parallelism and
-    --ls-recompute-attention (default RECOMPUTE_DEFAULTS[model])."""
+    """The options every ls_* model adds to its fairseq base's: sequence parallelism,
+    --ls-recompute-attention (default RECOMPUTE_DEFAULTS[model]) and --ls-attention."""
     sequence_parallel_options.add_args(parser)
     add_recompute_args(parser, RECOMPUTE_DEFAULTS[model])
+    parser.add_argument("--ls-attention", choices=ATTENTION_MODES, metavar="MODE",
+                        help="which attention runs: auto (torch's fused SDPA on CUDA, and on the CPU for long rows "
+                             "without attention dropout; else the explicit fused-softmax path), sdpa (always "
+                             "SDPA; its dropout draws from torch's generator) or explicit (never SDPA) "
+                             "(default: auto)")
 
 
 def finish_build(model: nn.Module, name: str, args, task, sequence_parallel=(), decoder=None) -> nn.Module:
     """The end of every ls_* build_model: the sequence-parallel setup of `args` given to each module of
     `sequence_parallel` (the encoder and decoder that shard their rows), whether `decoder`'s rows are
-    right-padded (from the task, None for an encoder-only model), and every layer's
-    recompute_attention (RECOMPUTE_DEFAULTS[name] where args has none). Returns `model`."""
+    right-padded (from the task, None for an encoder-only model), every layer's recompute_attention
+    (RECOMPUTE_DEFAULTS[name] where args has none) and every attention's mode (--ls-attention).
+    Returns `model`."""
     sp = sequence_parallel_options.setup(args, task)
     for module in sequence_parallel:
         module.sequence_parallel = sp
     if decoder is not None:
         decoder.right_padded = right_padded_targets(task)
     set_recompute_attention(model, args, RECOMPUTE_DEFAULTS[name])
+    mode = getattr(args, "ls_attention", None)
+    if mode is not None:  # else LSMultiheadAttention's default, "auto"
+        set_attention_mode(model, mode)
     return model
+
+
+def set_attention_mode(model: nn.Module, mode: str) -> None:
+    """Sets every attention module's attention_mode (one of ATTENTION_MODES; ValueError otherwise)."""
+    if mode not in ATTENTION_MODES:
+        raise ValueError(f"--ls-attention must be one of {', '.join(ATTENTION_MODES)}, got {mode!r}")
+    for m in model.modules():
+        if isinstance(m, LSMultiheadAttention):
+            m.attention_mode = mode
 
 
 def add_recompute_args(parser, default: bool) -> None:

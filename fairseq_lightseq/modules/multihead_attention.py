@@ -26,15 +26,15 @@ from ..ops import dropout_stream
 from ..ops.blocks.attention import sdpa_mask, sdpa_key_padding_mask, sdpa_supported
 
 # When to use torch's fused scaled_dot_product_attention instead of the explicit
-# bmm -> ops.attention_softmax_dropout -> bmm path: "auto" = on CUDA, and on the CPU when the attention
-# has no dropout and its scores are at least CPU_SDPA_MIN_SCORES per (sentence, head); "always";
-# "never". (Tests set "always" to check the SDPA path with dropout on CPU.)
+# bmm -> ops.attention_softmax_dropout -> bmm path (--ls-attention, an attention module's
+# `attention_mode`): "auto" = on CUDA, and on the CPU when the attention has no dropout and its scores are
+# at least CPU_SDPA_MIN_SCORES per (sentence, head); "sdpa" = always; "explicit" = never.
 # SDPA's dropout draws from torch's RNG, not our Philox stream; both are valid dropout, they are just
 # different masks. On the CPU without dropout SDPA is the same math and keeps no [B, H, Tq, Tk] tensor
 # for backward (our explicit path keeps the softmax output: at T = 2048 more than fairseq keeps in all,
 # whose CPU path runs SDPA); with dropout torch's CPU SDPA falls back to its math path, which keeps more
 # than our kernels, so the explicit path stays.
-SDPA_MODE = "auto"
+ATTENTION_MODES = ("auto", "sdpa", "explicit")
 # Tq * Tk below which the CPU keeps the explicit path without dropout too: there torch's CPU SDPA costs more
 # host time per call than it saves (translation's 6+6 layers at width 32, ~20-token sentences, went from
 # 0.49x to 0.63x fairseq's host time per step under SDPA), a decoding step (one query) is slower under
@@ -46,19 +46,26 @@ CPU_SDPA_MIN_SCORES = 128 * 128
 IncrementalState = Dict[str, Dict[str, Optional[Tensor]]]
 
 
-def use_sdpa(x: Tensor, dropout_p: float, Tq: Optional[int] = None, Tk: Optional[int] = None) -> bool:
+def use_sdpa(x: Tensor, dropout_p: float, Tq: Optional[int] = None, Tk: Optional[int] = None,
+             mode: str = "auto") -> bool:
     """Whether attention on x's device with attention dropout probability dropout_p (0 when not applied)
-    and Tq queries over Tk keys (None: long enough) runs torch's fused SDPA (see SDPA_MODE)."""
-    if SDPA_MODE == "never":
+    and Tq queries over Tk keys (None: long enough) runs torch's fused SDPA under attention mode `mode`
+    (one of ATTENTION_MODES, see above)."""
+    if mode == "explicit":
         return False
-    if SDPA_MODE == "always":
+    if mode == "sdpa":
         return True
     return x.is_cuda or (dropout_p == 0.0 and (Tq is None or Tq * Tk >= CPU_SDPA_MIN_SCORES))
 
 
 @with_incremental_state
 class LSMultiheadAttention(nn.Module):
-    """Self- or encoder-decoder attention. Time-major like fairseq: query [Tq, B, E], key [Tk, B, E]."""
+    """Self- or encoder-decoder attention. Time-major like fairseq: query [Tq, B, E], key [Tk, B, E].
+
+    attention_mode: one of ATTENTION_MODES, whether torch's SDPA or the explicit path runs (the model sets
+    it from --ls-attention)."""
+
+    attention_mode = "auto"
 
     def __init__(self, embed_dim: int, num_heads: int, dropout: float = 0.0, self_attention: bool = True,
                  kdim: Optional[int] = None):
@@ -187,7 +194,7 @@ class LSMultiheadAttention(nn.Module):
         B, H, Tq, hd = q.shape
         Tk = k.size(2)
         sdpa_kpm = sdpa_key_padding_mask(key_padding_mask, causal, right_padded)
-        sdpa = use_sdpa(q, attn_dropout.p, Tq, Tk)  # a decoding step (Tq = 1) on the CPU: explicit
+        sdpa = use_sdpa(q, attn_dropout.p, Tq, Tk, self.attention_mode)  # a decoding step (Tq = 1) on the CPU: explicit
         # with a padding mask, sdpa_mask builds the causal band explicitly, for any Tq and Tk
         if not need_weights and sdpa and (sdpa_kpm is not None or sdpa_supported(causal, Tq, Tk)):
             # Fused attention: no [B, H, Tq, Tk] tensor in memory (masks: see sdpa_mask).

@@ -125,7 +125,7 @@ class TransformerLayerBase(nn.Module):
         cfg = AttentionBlockConfig(
             attn.num_heads, attn.scaling, causal, self.normalize_before, ln.eps, attn_dropout,
             self._draw(self.dropout_module.p, seed, site + 1),
-            use_sdpa(x, attn_dropout.p, x.shape[0], Tk) and sdpa_supported(causal, x.shape[0], Tk, compiled=True),
+            use_sdpa(x, attn_dropout.p, x.shape[0], Tk, attn.attention_mode) and sdpa_supported(causal, x.shape[0], Tk, compiled=True),
             self.recompute_attention)
         if cfg.sdpa:
             key_padding_mask = sdpa_key_padding_mask(key_padding_mask, causal, right_padded)
