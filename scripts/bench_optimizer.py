@@ -4,7 +4,7 @@ The parameter list is shaped like Transformer-big (en-de, shared embeddings, 6+6
 d=1024/ffn=4096: ~210M fp32 params in 257 tensors). On CPU the default is a smaller model
 (--layers 1 --vocab 8192) so that the run takes well under a minute; the size used is printed.
 
-    python scripts/bench_optimizer.py [--device cpu|cuda] [--layers N] [--vocab V] [--repeat R]
+    python -m scripts.bench_optimizer [--device cpu|cuda] [--layers N] [--vocab V] [--repeat R]
 """
 import argparse
 import os
@@ -13,13 +13,12 @@ import time
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from bench_support import check_args  # noqa: E402  (this script's folder is on sys.path)
+from fairseq.optim.adam import Adam as FairseqAdamImpl
 
-from fairseq.optim.adam import Adam as FairseqAdamImpl  # noqa: E402
+from scripts.bench_support import check_args
 
-from fairseq_lightseq import ops  # noqa: E402
-from fairseq_lightseq.optim import FusedAdam  # noqa: E402
+from fairseq_lightseq import ops
+from fairseq_lightseq.optim import FusedAdam
 
 
 def transformer_big_shapes(layers, vocab, d=1024, ffn=4096):

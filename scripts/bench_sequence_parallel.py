@@ -2,11 +2,11 @@
 ONE process over torch's fake process group (collectives allocate their outputs and send nothing), so
 one device measures one rank's share of one long sequence.
 
-    python scripts/bench_sequence_parallel.py                          # Transformer-big, the CPU grid
-    python scripts/bench_sequence_parallel.py --lengths 1k 2k --sizes 1 2 4 --modes ulysses
-    python scripts/bench_sequence_parallel.py --device cuda --dtype bf16 --max-gib 120   # GPU table
-    python scripts/bench_sequence_parallel.py --gloo                   # + a real 2-process gloo run
-    python scripts/bench_sequence_parallel.py --arch ls_transformer_lm_gpt --vocab 50000 \
+    python -m scripts.bench_sequence_parallel                          # Transformer-big, the CPU grid
+    python -m scripts.bench_sequence_parallel --lengths 1k 2k --sizes 1 2 4 --modes ulysses
+    python -m scripts.bench_sequence_parallel --device cuda --dtype bf16 --max-gib 120   # GPU table
+    python -m scripts.bench_sequence_parallel --gloo                   # + a real 2-process gloo run
+    python -m scripts.bench_sequence_parallel --arch ls_transformer_lm_gpt --vocab 50000 \
         --fake-only --attention sdpa --dtype bf16 --lengths 1k 8k 50000    # the LM, GPT-2 small's shape
 
 Model: ls_transformer built by fairseq's build_model with a small Dictionary (--vocab symbols),
@@ -45,9 +45,7 @@ import time
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from bench_support import check_args  # noqa: E402
+from scripts.bench_support import check_args
 
 MIB, GIB = 2 ** 20, 2 ** 30
 
@@ -141,15 +139,18 @@ def _log(msg: str) -> None:
 
 
 def _save(path, out: dict) -> None:
+    """Writes `out` with this tree's commit and without the machine's paths (bench_support/provenance.py)."""
+    from scripts.bench_support.provenance import record
+
     if path:
         with open(path, "w") as f:
-            json.dump(out, f, indent=1)
+            json.dump(record(out, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), f, indent=1)
 
 
 def run_grid(a, out: dict) -> None:
     """Fills out["config"] and out["cells"], saving the JSON after every cell (a long grid stopped early
     keeps what it measured)."""
-    from bench_support import sp_cells
+    from scripts.bench_support import sp_cells
     from fairseq_lightseq import ops
     from fairseq_lightseq.models.common import set_attention_mode
     from fairseq_lightseq.modules import multihead_attention
@@ -290,12 +291,12 @@ def main(argv=None) -> dict:
             res = json.load(f)
         print(table(res) + "\n\n" + summary(res) if res.get("cells") else "no cells in " + a.table_from)
         return res
-    out = {"command": " ".join(["python", "scripts/bench_sequence_parallel.py"] + list(sys.argv[1:] if argv is None
+    out = {"command": " ".join(["python", "-m", "scripts.bench_sequence_parallel"] + list(sys.argv[1:] if argv is None
                                                                                    else argv))}
     if not a.gloo_only:
         run_grid(a, out)
     if a.gloo or a.gloo_only:
-        from bench_support import sp_gloo
+        from scripts.bench_support import sp_gloo
 
         cfg = {"arch": a.arch, "embed_dim": a.gloo_embed_dim, "ffn_dim": 4 * a.gloo_embed_dim, "heads": a.heads,
                "layers": a.gloo_layers, "vocab": a.vocab, "dropout": a.dropout}

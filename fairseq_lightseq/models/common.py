@@ -1,7 +1,7 @@
 """What every ls_* model shares: the refusal of fairseq options our layers do not implement, the
-options they add to fairseq's (`add_args`: sequence parallelism, --ls-recompute-attention), the end of
-their build_model (`finish_build`: sequence parallelism set up, the padding side of the decoder's rows,
-the recompute default), and a cheap model.train()."""
+options they add to fairseq's (`add_args`: sequence parallelism, --ls-recompute-attention,
+--ls-attention), the end of their build_model (`finish_build`: sequence parallelism set up, the padding
+side of the decoder's rows, the recompute default, the attention mode), and a cheap model.train()."""
 from fairseq.utils import eval_bool
 from torch import nn
 
@@ -14,7 +14,7 @@ from ..sequence_parallel import options as sequence_parallel_options
 # short, so the kept projections are a large share of what a layer keeps and the GEMM is cheap: on.
 # The LM and RoBERTa run long rows, where the attention's other saved tensors dominate and the extra
 # GEMM is a larger share of the step: off. The measurements behind the choice are in the benchmark
-# results (the recompute rows), not here.
+# results, not here.
 RECOMPUTE_DEFAULTS = {"ls_transformer": True, "ls_transformer_lm": False, "ls_roberta": False}
 
 # Dropout probabilities the layers take; each must be in [0, 1] (checked at build, not by the first
@@ -146,8 +146,8 @@ class LSModelMixin:
     def train(self, mode: bool = True):
         """nn.Module.train over the whole tree without its per-module cost: fairseq's Trainer and task call
         model.train() on every step, and nn.Module's recursion (named_children generators and
-        Module.__setattr__ for each of the ~200 submodules at Transformer-big depth) takes ~0.4 ms of host
-        time a call. This walk sets the same `training` flag of every submodule directly; a submodule
+        Module.__setattr__ for each of the ~200 submodules at Transformer-big depth) is a noticeable share
+        of a step's host time. This walk sets the same `training` flag of every submodule directly; a submodule
         class that overrides train() gets its own train(mode) called, as nn.Module would."""
         if not isinstance(mode, bool):
             raise ValueError("training mode is expected to be boolean")

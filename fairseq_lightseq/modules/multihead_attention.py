@@ -35,12 +35,10 @@ from ..ops.blocks.attention import sdpa_mask, sdpa_key_padding_mask, sdpa_suppor
 # whose CPU path runs SDPA); with dropout torch's CPU SDPA falls back to its math path, which keeps more
 # than our kernels, so the explicit path stays.
 ATTENTION_MODES = ("auto", "sdpa", "explicit")
-# Tq * Tk below which the CPU keeps the explicit path without dropout too: there torch's CPU SDPA costs more
-# host time per call than it saves (translation's 6+6 layers at width 32, ~20-token sentences, went from
-# 0.49x to 0.63x fairseq's host time per step under SDPA), a decoding step (one query) is slower under
-# it (121 vs 103 ms a batch of beam-5 decoding at the demo's widths), and short rows' probabilities are
-# a small part of what a layer keeps (translation's sentences: 0.52x vs 0.39x fairseq's saved bytes).
-# From 128 x 128 (language-model blocks, RoBERTa) SDPA keeps no [B, H, Tq, Tk] tensor.
+# Tq * Tk below which the CPU keeps the explicit path without dropout too: for short rows (translation's
+# sentences, a decoding step's one query) torch's CPU SDPA costs more host time per call than it saves,
+# and their probabilities are a small part of what a layer keeps. From 128 x 128 (language-model blocks,
+# RoBERTa) SDPA keeps no [B, H, Tq, Tk] tensor. The measurements are in the benchmark results.
 CPU_SDPA_MIN_SCORES = 128 * 128
 
 IncrementalState = Dict[str, Dict[str, Optional[Tensor]]]
@@ -205,9 +203,8 @@ class LSMultiheadAttention(nn.Module):
         scores = torch.bmm(q.reshape(B * H, Tq, hd), k.reshape(B * H, Tk, hd).transpose(1, 2)).view(B, H, Tq, Tk)
         if Tq == 1 and attn_dropout.p == 0.0 and not torch.is_grad_enabled() and not q.is_cuda:
             # A decoding step on the CPU: fairseq's own softmax over the one query's keys (every key is
-            # visible to the last position; a hypothesis always has a real key). torch's softmax is about
-            # twice as fast as our kernel on rows this short (the demo's beam search: 8.7 vs 17 ms a batch),
-            # and there is no dropout or backward to fuse.
+            # visible to the last position; a hypothesis always has a real key). torch's softmax is faster
+            # than our kernel on rows this short, and there is no dropout or backward to fuse.
             if key_padding_mask is not None:
                 scores = scores.masked_fill(key_padding_mask.view(B, 1, 1, Tk).to(torch.bool), float("-inf"))
             probs = torch.softmax(scores * self.scaling, dim=-1)

@@ -35,7 +35,7 @@ def warn_once(key: str, message: str) -> None:
 @functools.lru_cache(maxsize=None)
 def has_kernel(op: str, device_type: str) -> bool:
     """Whether the compiled library registered op `op` for device type "cpu" or "cuda". Cached: the
-    registrations are fixed once the library is loaded, and every op call asks (4 us uncached)."""
+    registrations are fixed once the library is loaded, and every op call asks."""
     if _C is None:
         return False
     key = {"cpu": "CPU", "cuda": "CUDA"}.get(device_type)
@@ -95,8 +95,7 @@ class _NoGradContext:
 def apply(function, *args):
     """function.apply(*args), or with grad mode off its forward alone: under no_grad (fairseq-generate,
     validation) autograd would record nothing anyway, and Function.apply costs a few us of Python per
-    call, which a decoding step of small tensors pays for every op (about 2% of beam search at the demo's
-    widths on the CPU)."""
+    call, which a decoding step of small tensors pays for every op."""
     if torch.is_grad_enabled():
         return function.apply(*args)
     return function.forward(_NoGradContext(len(args)), *args)

@@ -20,7 +20,7 @@ from fractions import Fraction
 import torch
 import torch.distributed as dist
 
-from bench_support.saved_bytes import SavedBytes
+from scripts.bench_support.saved_bytes import SavedBytes
 
 
 class _Task:

@@ -13,8 +13,7 @@ import pytest
 
 from support import ROOT
 
-sys.path.insert(0, os.path.join(ROOT, "scripts"))
-import convert_checkpoint  # noqa: E402
+from scripts import convert_checkpoint
 
 
 def native_state(optimizer="adam", optimizer_class="FairseqAdam", wrapper=None):

@@ -8,7 +8,7 @@ size, and a layer built from per-op Functions and `F.linear` records ~20 nodes (
 and their backward nodes). Here the block is one compiled op with a C++ autograd node
 (csrc/ops/blocks.cpp): `attention_block` (explicit attention; its forward and backward are the ops
 `attention_block_fwd`/`_bwd`) or `attention_block_sdpa` (torch SDPA, CUDA's path), the GEMMs, views and
-fused ops called from C++ (about 1.5-5 us per tensor call less than from Python), and backward never
+fused ops called from C++ (cheaper per tensor call than from Python), and backward never
 enters Python. The per-op Functions stay the reference for this composition (tests compare the two)
 and serve what this path does not (autocast, devices or dtypes without kernels, incremental decoding,
 attention weights).
