@@ -9,10 +9,10 @@ knows (`transformer`, ...), by their registered name, and it reads the checkpoin
 which refuses a fairseq checkpoint's Namespace and omegaconf objects unless the plugin was imported. So
 this command does what the manual route does, in one process:
 
-1. read the checkpoint with the plugin's safe reader (checkpoint_io.load_file; importing the package
-   allow-lists exactly what fairseq checkpoints contain, checkpoint_safety);
+1. read the checkpoint with the plugin's safe reader (checkpoints.io.load_file; importing the package
+   allow-lists exactly what fairseq checkpoints contain, checkpoints.safety);
 2. rename ls_transformer_X -> transformer_X (and the criterion and optimizer) with the code of
-   `scripts/convert_checkpoint.py --to fairseq` (checkpoint_convert): the weights are fairseq's already;
+   `scripts/convert_checkpoint.py --to fairseq` (checkpoints.convert): the weights are fairseq's already;
 3. write only what the converter reads (args, cfg, model; not the Adam moments) to a temporary file next
    to OUTPUT_DIR;
 4. call CTranslate2's converter (`ctranslate2.converters.FairseqConverter(...).convert(...)`), which builds

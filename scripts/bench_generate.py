@@ -81,7 +81,7 @@ def twin_checkpoints(src: str, tmp: str) -> dict:
 
 def generate_args(a, data_bin: str, path: str) -> list:
     """fairseq-generate's arguments. Both sides get --user-dir: torch >= 2.6's safe loader needs the
-    plugin's allowlist (fairseq_lightseq/checkpoint_safety.py) for any fairseq-train checkpoint, and
+    plugin's allowlist (fairseq_lightseq/checkpoints/safety.py) for any fairseq-train checkpoint, and
     the native side's model is fairseq's own code either way."""
     args = [data_bin, "--path", path, "--gen-subset", a.gen_subset, "--beam", str(a.beam),
             "--batch-size", str(a.batch_size), "--required-batch-size-multiple", "1", "--nbest", "1",

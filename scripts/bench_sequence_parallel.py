@@ -12,7 +12,7 @@ one device measures one rank's share of one long sequence.
 Model: ls_transformer built by fairseq's build_model with a small Dictionary (--vocab symbols),
 Transformer-big widths by default (E 1024, 16 heads, FFN 4096, 6+6 layers), all dropouts 0.1, the
 ls_label_smoothed_cross_entropy criterion; a batch of B sentences with S = T tokens, no padding.
---arch NAME: any arch of fairseq_lightseq/families.py's table instead, with its fairseq defaults
+--arch NAME: any arch of fairseq_lightseq/models/families.py's table instead, with its fairseq defaults
 (width flags given explicitly override them) and its family's criterion: e.g. ls_transformer_lm_gpt
 (E 768, 12 heads, FFN 3072, 12 layers: GPT-2 small's shape) or ls_transformer_lm_gpt2_small (1024, 16,
 4096, 24: GPT-2 medium's; fairseq's gpt2 names are one size up), the decoder-only language model with

@@ -5,7 +5,7 @@
     python scripts/convert_checkpoint.py IN.pt OUT.pt --to fairseq    # ls_* -> fairseq's
 
 Our models, criteria and optimizer share their state exactly with fairseq's (the pairs are listed in
-fairseq_lightseq/families.py), so only the names a checkpoint records change; model weights, optimizer state (Adam's step/exp_avg/exp_avg_sq per parameter, in the same
+fairseq_lightseq/models/families.py), so only the names a checkpoint records change; model weights, optimizer state (Adam's step/exp_avg/exp_avg_sq per parameter, in the same
 parameter order, and fp16 loss scale), lr scheduler, num_updates, dataloader position and everything
 else are kept as they are:
 

@@ -1,5 +1,5 @@
 """The model families fairseq_lightseq implements, each next to fairseq's own: one table that the
-checkpoint converter (checkpoint_convert.py, behind scripts/convert_checkpoint.py) and the benchmarks
+checkpoint converter (checkpoints/convert.py, behind scripts/convert_checkpoint.py) and the benchmarks
 read, so that a new family is one entry here (plus its model and criterion files), not a branch in
 every script.
 

@@ -3,7 +3,7 @@ run in this process over torch's fake process group (collectives allocate their 
 nothing; collectives.py still counts the bytes a real group would send).
 
 - `build(cfg)`: the model of cfg's arch (ls_transformer by default, or any arch of
-  fairseq_lightseq/families.py's table, e.g. ls_transformer_lm_gpt2_small; fairseq's build_model with the
+  fairseq_lightseq/models/families.py's table, e.g. ls_transformer_lm_gpt2_small; fairseq's build_model with the
   family's fairseq task, a Dictionary of cfg's vocab) and its family's criterion, all dropouts as given;
 - `sample(...)`: B full-length sentences of S = T random tokens (a language model: B blocks of T);
 - `expected_bytes(...)`: the bytes one rank sends per direction (forward = backward), from the issue's
@@ -47,7 +47,7 @@ def build(cfg: dict, max_positions: int):
     """(task, model, criterion), float32 on the CPU, train mode. cfg: "arch" (None: ls_transformer), the
     widths embed_dim, ffn_dim, heads, layers (encoder and decoder alike; None: the arch's own), vocab
     symbols, dropout for all three sites (attention_dropout, if given, for the attention's). The arch's function (fairseq's) sets what cfg leaves out; the
-    criterion is its family's (families.py), label smoothing 0.1 where it takes one."""
+    criterion is its family's (fairseq_lightseq/models/families.py), label smoothing 0.1 where it takes one."""
     import fairseq_lightseq  # noqa: F401  (registers the models and criteria)
     from fairseq.criterions import CRITERION_REGISTRY
     from fairseq.data import Dictionary

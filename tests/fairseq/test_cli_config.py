@@ -1,4 +1,4 @@
-"""fairseq_lightseq.cli_config: `--bf16` no longer implies `--tpu` (an explicit TPU request is kept);
+"""fairseq_lightseq.patches.cli_config: `--bf16` no longer implies `--tpu` (an explicit TPU request is kept);
 `--fp16` on a CPU keeps an fp32 master copy per parameter; torchrun's environment sets up a CPU run. fairseq's own argument parsing and config conversion, then
 fairseq's call_main as the CLIs call it."""
 import pytest

@@ -1,4 +1,4 @@
-"""fairseq_lightseq/families.py: every family's ls_<arch> is registered for its model with exactly the
+"""fairseq_lightseq/models/families.py: every family's ls_<arch> is registered for its model with exactly the
 defaults of fairseq's <arch>, and the name lookups the checkpoint converter relies on."""
 import argparse
 
