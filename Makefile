@@ -50,7 +50,7 @@ demo: setup
 	$(PY) -m fairseq_lightseq.demo $(if $(DATA),--data $(DATA)) $(DEMO_ARGS)
 
 bench: setup
-	$(PY) scripts/bench_ops.py
+	$(PY) -m scripts.bench_ops
 
 clean:
 	rm -rf build fairseq_lightseq/*.so

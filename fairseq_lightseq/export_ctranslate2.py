@@ -10,13 +10,14 @@ knows (`transformer`, `transformer_lm`, ...), by their registered name, and it r
 torch's safe loader, which refuses a fairseq checkpoint's Namespace and omegaconf objects unless the plugin
 was imported. So this command does what the manual route does, in one process:
 
-1. read the checkpoint with the plugin's safe reader (checkpoint_io.load_file; importing the package
-   allow-lists exactly what fairseq checkpoints contain, checkpoint_safety);
+1. read the checkpoint with the plugin's safe reader (checkpoints.io.load_file; importing the package
+   allow-lists exactly what fairseq checkpoints contain, checkpoints.safety);
 2. rename ls_transformer_X -> transformer_X, ls_transformer_lm_X -> transformer_lm_X (and the criterion and
-   optimizer) with the code of `scripts/convert_checkpoint.py --to fairseq` (checkpoint_convert): the
+   optimizer) with the code of `scripts/convert_checkpoint.py --to fairseq` (checkpoints.convert): the
    weights are fairseq's already;
-3. check what the converter would fail on with a traceback or convert wrongly (export_checks): DATA_BIN's
-   dictionaries against the checkpoint's embeddings, the language pair, options CTranslate2 cannot hold;
+3. check what the converter would fail on with a traceback or convert wrongly (checkpoints.export_checks):
+   DATA_BIN's dictionaries against the checkpoint's embeddings, the language pair, options CTranslate2
+   cannot hold;
 4. write only what the converter reads to a temporary file next to OUTPUT_DIR: for a translation model
    args, cfg and model; for a language model the weights and `args`, the argparse Namespace of task and
    model options that the converter reads (fairseq's transformer_lm records them as two dicts, cfg.task
@@ -37,11 +38,11 @@ import os
 import pickle
 import tempfile
 
-from .checkpoint_convert import convert_state, recorded_arch
-from .checkpoint_io import CheckpointReadError, load_file
-from .export_checks import (ExportError, check_lm_dictionary, check_representable, check_translation_dictionaries,
-                            language_pair, unsupported_message)
-from .families import FAMILIES, PREFIX, family_of
+from .checkpoints.convert import convert_state, recorded_arch
+from .checkpoints.export_checks import (ExportError, check_lm_dictionary, check_representable,
+                                        check_translation_dictionaries, language_pair, unsupported_message)
+from .checkpoints.io import CheckpointReadError, load_file
+from .models.families import FAMILIES, PREFIX, family_of
 
 INSTALL = "pip install ctranslate2"
 EXPORTED = ("translation", "language_model")

@@ -1,38 +1,36 @@
 """`python -m fairseq_lightseq.info`: what was built and which backend each op runs on.
 
 The op table is derived, not kept by hand: its rows are the public ops (the functions the
-fairseq_lightseq.ops package exports from its family modules' __all__), and each row's backend comes
-from the compiled ops registered in the fairseq_lightseq namespace whose family name (the op name
-without _fwd/_bwd/_) is part of the public op's name: `attention_softmax_fwd` belongs to
+fairseq_lightseq.ops package exports from its op group modules' __all__), and each row's backend comes
+from the compiled ops registered in the fairseq_lightseq namespace whose stem (the op name without
+_fwd/_bwd/_) is part of the public op's name: `attention_softmax_fwd` belongs to
 `attention_softmax_dropout`, `label_smoothed_cross_entropy_fwd` to `label_smoothed_cross_entropy` and
 `linear_label_smoothed_cross_entropy`.
 """
 import inspect
 import platform
 
+import fairseq
 import torch
 
-from fairseq_lightseq import ops as _ops
-from fairseq_lightseq.ops import _backend
+from fairseq_lightseq import ops
 
 
 def public_ops():
     """{name: function} of the public ops: the functions that the fairseq_lightseq.ops package exports from
-    its family modules' __all__ (not _backend, the reference package or the sublayer blocks, which compose
-    ops, nor a type such as AttentionCoords)."""
-    return {name: obj for name, obj in _ops.FAMILY_EXPORTS.items() if inspect.isfunction(obj)}
+    its op group modules' __all__ (not the dropout stream, the reference package or the sublayer blocks,
+    which compose ops, nor a type such as AttentionCoords)."""
+    return {name: obj for name, obj in ops.OP_GROUP_EXPORTS.items() if inspect.isfunction(obj)}
 
 
 def registered_ops():
     """Names (without namespace) of every op the compiled library registered, but the sublayer blocks'
     (compositions of the others, ops.blocks.COMPILED_OPS); empty when it is not loaded."""
-    prefix = _backend.NAMESPACE + "::"
-    return sorted(name[len(prefix):] for name in torch._C._dispatch_get_all_op_names()
-                  if name.startswith(prefix) and name[len(prefix):] not in _ops.blocks.COMPILED_OPS)
+    return [op for op in ops.registered_ops() if op not in ops.blocks.COMPILED_OPS]
 
 
-def family(op: str) -> str:
-    """The family name of a compiled op: its name without the _fwd / _bwd suffix or the trailing _ of an
+def stem(op: str) -> str:
+    """The stem of a compiled op: its name without the _fwd / _bwd suffix or the trailing _ of an
     in-place op."""
     for suffix in ("_fwd", "_bwd", "_"):
         if op.endswith(suffix):
@@ -41,9 +39,9 @@ def family(op: str) -> str:
 
 
 def ops_of(public: str, registered):
-    """The compiled ops serving public op `public`: those whose family is part of its name, or whose name
+    """The compiled ops serving public op `public`: those whose stem is part of its name, or whose name
     extends it (plain `dropout` is served by `dropout_mask`)."""
-    return [op for op in registered if family(op) in public or op.startswith(public + "_")]
+    return [op for op in registered if stem(op) in public or op.startswith(public + "_")]
 
 
 def primary_op(public: str, registered):
@@ -69,12 +67,12 @@ def compiled(op, device_type: str) -> bool:
     """Whether compiled op `op` runs on device type "cpu" or "cuda": a kernel registered for that device,
     or one registered for every device (CompositeExplicitAutograd: dropout_mask, which has no tensor
     argument to dispatch on), and for CUDA only in a CUDA build."""
-    if op is None or _backend._C is None:
+    if op is None or ops.LIBRARY_FILE is None:
         return False
-    if device_type == "cuda" and not _backend.BUILD_INFO["with_cuda"]:
+    if device_type == "cuda" and not ops.BUILD_INFO["with_cuda"]:
         return False
-    return _backend.has_kernel(op, device_type) or torch._C._dispatch_has_kernel_for_dispatch_key(
-        f"{_backend.NAMESPACE}::{op}", "CompositeExplicitAutograd")
+    return ops.has_kernel(op, device_type) or torch._C._dispatch_has_kernel_for_dispatch_key(
+        f"{ops.NAMESPACE}::{op}", "CompositeExplicitAutograd")
 
 
 def backend_table():
@@ -86,20 +84,15 @@ def backend_table():
 
 
 def main():
-    info = _backend.BUILD_INFO
-    try:
-        import fairseq
-        fairseq_version = fairseq.__version__
-    except Exception as e:  # fairseq is needed by the model/criterion/optimizer, not by the ops
-        fairseq_version = f"not importable ({e})"
+    info = ops.BUILD_INFO
     print(f"python            {platform.python_version()}")
     print(f"torch             {torch.__version__} (CUDA {torch.version.cuda}, device available: "
           f"{torch.cuda.is_available()})")
-    print(f"fairseq           {fairseq_version}")
-    if _backend._C is None:
-        print(f"compiled library  NOT LOADED: {_backend.LOAD_ERROR}")
+    print(f"fairseq           {fairseq.__version__}")
+    if ops.LIBRARY_FILE is None:
+        print(f"compiled library  NOT LOADED: {ops.LOAD_ERROR}")
     else:
-        print(f"compiled library  {_backend._C.__file__}")
+        print(f"compiled library  {ops.LIBRARY_FILE}")
         print(f"  built against   torch {info['torch_version']}, compiler {info['compiler']}")
         print(f"  CUDA kernels    {'yes, archs ' + info['cuda_archs'] if info['with_cuda'] else 'no'}")
     print(f"\n{'op':36s} {'cpu':10s} cuda")

@@ -20,9 +20,9 @@ import torch
 from omegaconf import OmegaConf
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import fairseq_lightseq  # noqa: E402,F401  (safe-loader allowlist, checkpoint_io)
+import fairseq_lightseq  # noqa: E402,F401  (safe-loader allowlist, checkpoint read errors)
 from fairseq import checkpoint_utils  # noqa: E402
-from fairseq_lightseq import checkpoint_io  # noqa: E402
+from fairseq_lightseq.checkpoints import io as checkpoint_io  # noqa: E402
 
 
 def last_checkpoints(save_dir: str, n: int, by_update: bool):

@@ -2,8 +2,8 @@
 fairseq's criterion math (log_softmax in fp32 + label_smoothed_nll_loss), and of the chunked
 linear (projection + loss) path against projection-then-loss.
 
-    python scripts/bench_criterion.py            # CPU here; CUDA when a GPU and the CUDA build exist
-    python scripts/bench_criterion.py --device cpu --tokens 2048 --vocab 32768   # quicker
+    python -m scripts.bench_criterion            # CPU here; CUDA when a GPU and the CUDA build exist
+    python -m scripts.bench_criterion --device cpu --tokens 2048 --vocab 32768   # quicker
 
 Peak memory: on CUDA, torch.cuda.max_memory_allocated() over the step minus the memory held before
 it. On CPU, each case runs in a fresh subprocess and reports the growth of its peak resident set
@@ -20,8 +20,7 @@ import time
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from bench_support import check_args  # noqa: E402  (this script's folder is on sys.path)
+from scripts.bench_support import check_args
 
 PAD = 1
 EPS = 0.1
@@ -107,8 +106,10 @@ def measure(case, device, dtype, n, V, d, chunk, iters):
     if device == "cuda":
         return run_case(case, device, dtype, n, V, d, chunk, iters)
     # CPU: a fresh process per case, so that ru_maxrss is this case's peak.
-    out = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", json.dumps(
-        [case, device, dtype, n, V, d, chunk, iters])], capture_output=True, text=True, check=True)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # where the scripts package lies
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
+    out = subprocess.run([sys.executable, "-m", "scripts.bench_criterion", "--child", json.dumps(
+        [case, device, dtype, n, V, d, chunk, iters])], capture_output=True, text=True, check=True, env=env)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 

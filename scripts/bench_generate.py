@@ -1,10 +1,10 @@
 """Decoding speed through fairseq-generate's path, ls_transformer vs fairseq's transformer on the same weights.
 
-    python scripts/bench_generate.py                       # CPU: the demo's widths, 1000 sentences, beam 5, batch 64, 2 threads
-    python scripts/bench_generate.py --rounds 6 --json out.json
-    python scripts/bench_generate.py --data-bin BIN --path CKPT --gen-subset test   # a trained model (either side's checkpoint)
-    python scripts/bench_generate.py --device cuda --threads 0                      # on a GPU (see docs/gpu_check.md)
-    python scripts/bench_generate.py --profile 4           # + torch.profiler's top ops of 4 batches per side
+    python -m scripts.bench_generate                       # CPU: the demo's widths, 1000 sentences, beam 5, batch 64, 2 threads
+    python -m scripts.bench_generate --rounds 6 --json out.json
+    python -m scripts.bench_generate --data-bin BIN --path CKPT --gen-subset test   # a trained model (either side's checkpoint)
+    python -m scripts.bench_generate --device cuda --threads 0                      # on a GPU (see docs/gpu_check.md)
+    python -m scripts.bench_generate --profile 4           # + torch.profiler's top ops of 4 batches per side
 
 Method:
 - Weights: by default a randomly initialised ls_transformer (fairseq's initialisation, the demo's widths:
@@ -40,10 +40,9 @@ import sys
 import tempfile
 import time
 
-from bench_support import check_args
+from scripts.bench_support import check_args
 
-SCRIPTS = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(SCRIPTS)
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # this checkout (scripts/ is its package)
 SIDES = ("ls", "native")
 # The demo's model (fairseq_lightseq/demo/__main__.py), the one the issue's 1000-sentence figures decode.
 DEMO_WIDTHS = ("--encoder-layers 2 --decoder-layers 2 --encoder-embed-dim 128 --decoder-embed-dim 128 "
@@ -53,8 +52,8 @@ DEMO_WIDTHS = ("--encoder-layers 2 --decoder-layers 2 --encoder-embed-dim 128 --
 
 def make_checkpoint(a, data_bin: str, path: str) -> None:
     """A randomly initialised ls_transformer saved as fairseq-train saves one (fairseq's Trainer)."""
-    from bench_support.families import FAMILIES
-    from bench_support.sides import build_trainer, train_args
+    from scripts.bench_support.families import FAMILIES
+    from scripts.bench_support.sides import build_trainer, train_args
 
     args = train_args(FAMILIES["translation"], data_bin, a.repo, "ls", "base", "cpu", "fp32", (1024, None),
                       extra=a.model_args.split())
@@ -67,8 +66,8 @@ def twin_checkpoints(src: str, tmp: str) -> dict:
     """{side: path}: src and its conversion to the other implementation (same weights)."""
     import torch
 
-    from convert_checkpoint import convert_state
-    from fairseq_lightseq.families import PREFIX
+    from fairseq_lightseq.checkpoints.convert import convert_state
+    from fairseq_lightseq.models.families import PREFIX
 
     state = torch.load(src, map_location="cpu", weights_only=False)
     cfg_model = state["cfg"]["model"] if state.get("cfg") is not None else state["args"]
@@ -82,7 +81,7 @@ def twin_checkpoints(src: str, tmp: str) -> dict:
 
 def generate_args(a, data_bin: str, path: str) -> list:
     """fairseq-generate's arguments. Both sides get --user-dir: torch >= 2.6's safe loader needs the
-    plugin's allowlist (fairseq_lightseq/checkpoint_safety.py) for any fairseq-train checkpoint, and
+    plugin's allowlist (fairseq_lightseq/checkpoints/safety.py) for any fairseq-train checkpoint, and
     the native side's model is fairseq's own code either way."""
     args = [data_bin, "--path", path, "--gen-subset", a.gen_subset, "--beam", str(a.beam),
             "--batch-size", str(a.batch_size), "--required-batch-size-multiple", "1", "--nbest", "1",
@@ -150,23 +149,23 @@ def decode_side(spec: dict) -> dict:
     out = {"times": times, "sentences": sentences, "tokens": tokens, "hypotheses": hyps,
            "threads": torch.get_num_threads(), "loadavg_at_start": load, "model": type(models[0]).__name__}
     if spec.get("profile"):
-        from bench_support.timing import _op_breakdown
+        from scripts.bench_support.timing import op_breakdown
         from torch.profiler import ProfilerActivity, profile
 
         n = spec["profile"]
         with profile(activities=[ProfilerActivity.CPU]) as prof:
             for i in range(n):
                 decode(batches[i % len(batches)])
-        out["ops"] = _op_breakdown(prof, n, spec.get("profile_top", 25))
+        out["ops"] = op_breakdown(prof, n, spec.get("profile_top", 25))
     return out
 
 
 def run_child(spec: dict, repo: str, threads) -> dict:
     env = dict(os.environ, PYTHONWARNINGS="ignore", PYTHONPATH=os.pathsep.join(
-        [repo, SCRIPTS, os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
+        [ROOT, os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
     if threads:
         env["OMP_NUM_THREADS"] = str(threads)
-    r = subprocess.run([sys.executable, os.path.abspath(__file__), "--_child", json.dumps(spec)],
+    r = subprocess.run([sys.executable, "-m", "scripts.bench_generate", "--_child", json.dumps(dict(spec, repo=repo))],
                        capture_output=True, text=True, env=env)
     for line in r.stdout.splitlines():
         if line.startswith("RESULT "):
@@ -177,7 +176,7 @@ def run_child(spec: dict, repo: str, threads) -> dict:
 def summarize(runs: dict) -> dict:
     """Per side: sentences/s, tokens/s over all rounds and per round; ls's speed over native's: the
     ratio of summed times, and the median and IQR of per-round and per-batch time ratios native/ls."""
-    from benchmark import quartiles
+    from scripts.benchmark import quartiles
 
     out = {}
     for side, rs in runs.items():
@@ -255,24 +254,27 @@ def parse_args(argv=None):
 
 
 def main(argv=None):
-    sys.path.insert(0, SCRIPTS)
+    from scripts.benchmark import use_tree
+
     a = parse_args(argv)
     if a._child:
         import logging
         logging.disable(logging.WARNING)
-        print("RESULT " + json.dumps(decode_side(json.loads(a._child))), flush=True)
+        spec = json.loads(a._child)
+        use_tree(spec.pop("repo"))
+        print("RESULT " + json.dumps(decode_side(spec)), flush=True)
         return
     check_args.finish(a, "bench_generate.py")  # the rehearsal stops here: no CUDA device needed
     import torch
     if a.device == "cuda" and not torch.cuda.is_available():
         sys.exit("bench_generate.py: --device cuda: no CUDA device")
-    sys.path.insert(0, a.repo)
+    use_tree(a.repo)
     import logging
     import warnings
     logging.disable(logging.WARNING)
     warnings.filterwarnings("ignore")
-    from benchmark import finish
-    from bench_support.corpus import synthetic_data_bin
+    from scripts.benchmark import finish
+    from scripts.bench_support.corpus import synthetic_data_bin
 
     load_before = os.getloadavg()
     t0 = time.perf_counter()

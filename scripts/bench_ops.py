@@ -2,8 +2,8 @@
 """Times each fused op forward+backward against the pure-PyTorch reference and against the plain
 PyTorch composition a fairseq layer uses, at Transformer-base and -big shapes (4096 tokens).
 
-CPU:  python scripts/bench_ops.py                      (fp32)
-CUDA: python scripts/bench_ops.py --device cuda --dtype fp16 --json out.json
+CPU:  python -m scripts.bench_ops                      (fp32)
+CUDA: python -m scripts.bench_ops --device cuda --dtype fp16 --json out.json
       also reports each op's achieved bandwidth (forward and backward separately) as a fraction
       of a measured device-to-device copy, from the device time of the kernels it launches
       (torch.profiler): at 4096 tokens one op's wall time is mostly host time (Python, launches),
@@ -23,10 +23,9 @@ import os
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from fairseq_lightseq import ops  # noqa: E402
-from fairseq_lightseq.ops import reference  # noqa: E402
-from bench_support import check_args  # noqa: E402
+from fairseq_lightseq import ops
+from fairseq_lightseq.ops import reference
+from scripts.bench_support import check_args
 
 SHAPES = {
     "base": dict(tokens=4096, hidden=512, ffn=2048, heads=8, seq=128, vocab=32000),
@@ -351,9 +350,11 @@ def main(argv=None):
             print(line, flush=True)
             rows.append(row)
     if args.json:
+        from scripts.bench_support.provenance import record
+
         with open(args.json, "w") as f:
-            json.dump(dict(host=host, torch=torch.__version__, dtype=args.dtype, copy_bw=copy_bw, rows=rows), f,
-                      indent=1)
+            json.dump(record(dict(host=host, torch=torch.__version__, dtype=args.dtype, copy_bw=copy_bw, rows=rows),
+                             os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), f, indent=1)
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@ The parameter list is shaped like Transformer-big (en-de, shared embeddings, 6+6
 d=1024/ffn=4096: ~210M fp32 params in 257 tensors). On CPU the default is a smaller model
 (--layers 1 --vocab 8192) so that the run takes well under a minute; the size used is printed.
 
-    python scripts/bench_optimizer.py [--device cpu|cuda] [--layers N] [--vocab V] [--repeat R]
+    python -m scripts.bench_optimizer [--device cpu|cuda] [--layers N] [--vocab V] [--repeat R]
 """
 import argparse
 import os
@@ -13,13 +13,12 @@ import time
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from bench_support import check_args  # noqa: E402  (this script's folder is on sys.path)
+from fairseq.optim.adam import Adam as FairseqAdamImpl
 
-from fairseq.optim.adam import Adam as FairseqAdamImpl  # noqa: E402
+from scripts.bench_support import check_args
 
-from fairseq_lightseq.ops import _backend  # noqa: E402
-from fairseq_lightseq.optim import FusedAdam  # noqa: E402
+from fairseq_lightseq import ops
+from fairseq_lightseq.optim import FusedAdam
 
 
 def transformer_big_shapes(layers, vocab, d=1024, ffn=4096):
@@ -71,7 +70,7 @@ def main():
     n = sum(p.numel() for p in params)
     print(f"device={args.device} threads={torch.get_num_threads()} layers={layers} vocab={vocab} "
           f"tensors={len(params)} params={n / 1e6:.1f}M (fp32 params/grads/state) kernel="
-          f"{_backend.has_kernel('adam_step_', args.device)}")
+          f"{ops.has_kernel('adam_step_', args.device)}")
     kw = dict(lr=1e-4, betas=(0.9, 0.98), eps=1e-8, weight_decay=0.01)
     results = {}
     for name, cls in [("ls_adam (fused)", FusedAdam), ("fairseq adam", FairseqAdamImpl)]:

@@ -2,17 +2,17 @@
 ONE process over torch's fake process group (collectives allocate their outputs and send nothing), so
 one device measures one rank's share of one long sequence.
 
-    python scripts/bench_sequence_parallel.py                          # Transformer-big, the CPU grid
-    python scripts/bench_sequence_parallel.py --lengths 1k 2k --sizes 1 2 4 --modes ulysses
-    python scripts/bench_sequence_parallel.py --device cuda --dtype bf16 --max-gib 120   # GPU table
-    python scripts/bench_sequence_parallel.py --gloo                   # + a real 2-process gloo run
-    python scripts/bench_sequence_parallel.py --arch ls_transformer_lm_gpt --vocab 50000 \
+    python -m scripts.bench_sequence_parallel                          # Transformer-big, the CPU grid
+    python -m scripts.bench_sequence_parallel --lengths 1k 2k --sizes 1 2 4 --modes ulysses
+    python -m scripts.bench_sequence_parallel --device cuda --dtype bf16 --max-gib 120   # GPU table
+    python -m scripts.bench_sequence_parallel --gloo                   # + a real 2-process gloo run
+    python -m scripts.bench_sequence_parallel --arch ls_transformer_lm_gpt --vocab 50000 \
         --fake-only --attention sdpa --dtype bf16 --lengths 1k 8k 50000    # the LM, GPT-2 small's shape
 
 Model: ls_transformer built by fairseq's build_model with a small Dictionary (--vocab symbols),
 Transformer-big widths by default (E 1024, 16 heads, FFN 4096, 6+6 layers), all dropouts 0.1, the
 ls_label_smoothed_cross_entropy criterion; a batch of B sentences with S = T tokens, no padding.
---arch NAME: any arch of fairseq_lightseq/families.py's table instead, with its fairseq defaults
+--arch NAME: any arch of fairseq_lightseq/models/families.py's table instead, with its fairseq defaults
 (width flags given explicitly override them) and its family's criterion: e.g. ls_transformer_lm_gpt
 (E 768, 12 heads, FFN 3072, 12 layers: GPT-2 small's shape) or ls_transformer_lm_gpt2_small (1024, 16,
 4096, 24: GPT-2 medium's; fairseq's gpt2 names are one size up), the decoder-only language model with
@@ -31,7 +31,7 @@ parameters excluded. Bytes sent (per direction; forward = backward): the counter
 fairseq_lightseq.sequence_parallel.collectives, checked against the volumes of the issue
 (bench_support/sp_cells.expected_bytes) for the whole model.
 
---attention sdpa runs torch's fused attention on the CPU too (SDPA_MODE = "always": nothing T x T
+--attention sdpa runs torch's fused attention on the CPU too (the model's --ls-attention sdpa: nothing T x T
 kept for backward; the dropout then draws from torch's generator). The model is built with its family's
 fairseq task (language_modeling, translation), whose rows are right padded: the decoder's causal
 self-attention then runs SDPA without a padding mask (ops.blocks.attention.sdpa_key_padding_mask). With the explicit attention, a
@@ -45,9 +45,7 @@ import time
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from bench_support import check_args  # noqa: E402
+from scripts.bench_support import check_args
 
 MIB, GIB = 2 ** 20, 2 ** 30
 
@@ -65,7 +63,7 @@ def parse_args(argv=None):
     p.add_argument("--lengths", nargs="+", type=_length, default=[_length(x) for x in "1k 2k 4k 8k 16k 32k".split()],
                    metavar="T", help="S = T tokens per sentence (1k = 1024)")
     p.add_argument("--batch", type=int, default=1, metavar="B")
-    p.add_argument("--arch", help="an ls_* arch of fairseq_lightseq.families (default: ls_transformer with the "
+    p.add_argument("--arch", help="an ls_* arch of fairseq_lightseq.models.families (default: ls_transformer with the "
                                   "widths below); its fairseq defaults set the widths not given")
     p.add_argument("--embed-dim", type=int, help="default 1024 (without --arch)")
     p.add_argument("--ffn-dim", type=int, help="default 4096 (without --arch)")
@@ -125,7 +123,7 @@ def _widths(a) -> None:
     if a.arch:
         from argparse import Namespace
 
-        from fairseq_lightseq.families import family_of
+        from fairseq_lightseq.models.families import family_of
 
         ns = Namespace()
         family_of(a.arch).architectures[a.arch](ns)
@@ -141,28 +139,32 @@ def _log(msg: str) -> None:
 
 
 def _save(path, out: dict) -> None:
+    """Writes `out` with this tree's commit and without the machine's paths (bench_support/provenance.py)."""
+    from scripts.bench_support.provenance import record
+
     if path:
         with open(path, "w") as f:
-            json.dump(out, f, indent=1)
+            json.dump(record(out, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), f, indent=1)
 
 
 def run_grid(a, out: dict) -> None:
     """Fills out["config"] and out["cells"], saving the JSON after every cell (a long grid stopped early
     keeps what it measured)."""
-    from bench_support import sp_cells
-    from fairseq_lightseq.modules import multihead_attention
+    from scripts.bench_support import sp_cells
     from fairseq_lightseq import ops
+    from fairseq_lightseq.models.common import set_attention_mode
+    from fairseq_lightseq.modules import multihead_attention
 
     if a.threads:
         torch.set_num_threads(a.threads)
-    if a.attention == "sdpa":
-        multihead_attention.SDPA_MODE = "always"
+    mode = "sdpa" if a.attention == "sdpa" else "auto"  # --ls-attention's value
     cfg = {"arch": a.arch, "embed_dim": a.embed_dim, "ffn_dim": a.ffn_dim, "heads": a.heads, "layers": a.layers,
            "vocab": a.vocab, "dropout": a.dropout, "attention_dropout": a.attention_dropout}
     dtype = torch.bfloat16 if a.dtype == "bf16" else torch.float32
     elem = torch.finfo(dtype).bits // 8
     t0 = time.perf_counter()
     task, model, criterion = sp_cells.build(cfg, max(a.lengths) + 8)
+    set_attention_mode(model, mode)
     model.to(device=a.device, dtype=dtype)
     shape, decoder_only = sp_cells.shape(model), sp_cells.decoder_only(model)
     params = list(model.parameters())
@@ -175,7 +177,7 @@ def run_grid(a, out: dict) -> None:
                      "parameters": sum(p.numel() for p in params), "parameter_bytes": param_bytes,
                      "device_name": torch.cuda.get_device_name() if a.device == "cuda" else "cpu"}
     # CUDA, or no attention dropout: torch's fused attention
-    sdpa = multihead_attention.use_sdpa(torch.empty(0, device=a.device), a.attention_dropout)
+    sdpa = multihead_attention.use_sdpa(torch.empty(0, device=a.device), a.attention_dropout, mode=mode)
     attention = "sdpa" if sdpa else "kernel" if ops.has_kernel("attention_softmax_fwd", a.device) else "reference"
     cells = out["cells"] = []
     grid = [(T, P, m) for T in a.lengths for P in a.sizes for m in a.modes if not (P == 1 and m != a.modes[0])
@@ -289,12 +291,12 @@ def main(argv=None) -> dict:
             res = json.load(f)
         print(table(res) + "\n\n" + summary(res) if res.get("cells") else "no cells in " + a.table_from)
         return res
-    out = {"command": " ".join(["python", "scripts/bench_sequence_parallel.py"] + list(sys.argv[1:] if argv is None
+    out = {"command": " ".join(["python", "-m", "scripts.bench_sequence_parallel"] + list(sys.argv[1:] if argv is None
                                                                                    else argv))}
     if not a.gloo_only:
         run_grid(a, out)
     if a.gloo or a.gloo_only:
-        from bench_support import sp_gloo
+        from scripts.bench_support import sp_gloo
 
         cfg = {"arch": a.arch, "embed_dim": a.gloo_embed_dim, "ffn_dim": 4 * a.gloo_embed_dim, "heads": a.heads,
                "layers": a.gloo_layers, "vocab": a.vocab, "dropout": a.dropout}

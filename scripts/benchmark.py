@@ -1,19 +1,19 @@
 """Training speed, ls_ models vs fairseq's, measured at steady state on identical batches, per model family.
 
-    python scripts/benchmark.py                        # CPU (no GPU): translation, base width, 2+2 layers, fp32
-    python scripts/benchmark.py --device cuda          # GPU: Transformer-big fp16 at 8192 tokens (~4 min)
-    python scripts/benchmark.py --device cuda --sweep --precision fp16,bf16   # 4096..32768 tokens
-    python scripts/benchmark.py --host-overhead        # host time per step: tiny width, big depth, 1 thread
-    python scripts/benchmark.py --activation-bytes     # bytes saved for backward, base and big, 6+6
-    python scripts/benchmark.py --family lm            # the LM on CPU: transformer_lm width, 4 layers, T=512
-    python scripts/benchmark.py --family lm --device cuda   # GPU: GPT-2-small widths, bf16, T=1024 and 4096
-    python scripts/benchmark.py --family lm --host-overhead       # d=32, 12 layers, 1 thread
-    python scripts/benchmark.py --family lm --activation-bytes    # base and GPT-2-small widths, T=512 and 2048
-    python scripts/benchmark.py --family roberta       # RoBERTa pretraining on CPU: roberta_base width, 4 layers, T=512
-    python scripts/benchmark.py --family roberta --device cuda    # GPU: roberta_base, bf16, T=512 at 16k tokens
-    python scripts/benchmark.py --family roberta --host-overhead  # d=32, 12 layers, 1 thread
-    python scripts/benchmark.py --family roberta --activation-bytes   # roberta_base and _large widths, T=512
-    python scripts/benchmark.py --repo /path/to/other/checkout ...   # benchmark that tree's fairseq_lightseq
+    python -m scripts.benchmark                        # CPU (no GPU): translation, base width, 2+2 layers, fp32
+    python -m scripts.benchmark --device cuda          # GPU: Transformer-big fp16 at 8192 tokens (~4 min)
+    python -m scripts.benchmark --device cuda --sweep --precision fp16,bf16   # 4096..32768 tokens
+    python -m scripts.benchmark --host-overhead        # host time per step: tiny width, big depth, 1 thread
+    python -m scripts.benchmark --activation-bytes     # bytes saved for backward, base and big, 6+6
+    python -m scripts.benchmark --family lm            # the LM on CPU: transformer_lm width, 4 layers, T=512
+    python -m scripts.benchmark --family lm --device cuda   # GPU: GPT-2-small widths, bf16, T=1024 and 4096
+    python -m scripts.benchmark --family lm --host-overhead       # d=32, 12 layers, 1 thread
+    python -m scripts.benchmark --family lm --activation-bytes    # base and GPT-2-small widths, T=512 and 2048
+    python -m scripts.benchmark --family roberta       # RoBERTa pretraining on CPU: roberta_base width, 4 layers, T=512
+    python -m scripts.benchmark --family roberta --device cuda    # GPU: roberta_base, bf16, T=512 at 16k tokens
+    python -m scripts.benchmark --family roberta --host-overhead  # d=32, 12 layers, 1 thread
+    python -m scripts.benchmark --family roberta --activation-bytes   # roberta_base and _large widths, T=512
+    python -m scripts.benchmark --repo /path/to/other/checkout ...   # benchmark that tree's fairseq_lightseq
 
 Families (--family; bench_support/families.py is the one table: task, archs, the family's fairseq-train
 arguments, corpus, defaults): translation = ls_transformer vs transformer on a WMT-like corpus; lm =
@@ -72,20 +72,25 @@ import sys
 import tempfile
 import time
 
-from bench_support import check_args
+from scripts.bench_support import check_args
 
-SCRIPTS = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(SCRIPTS)
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # this checkout (scripts/ is its package)
 HOST_TARGET, ACT_TARGET = 0.5, 0.6
+
+
+def use_tree(repo: str) -> None:
+    """Makes `import fairseq_lightseq` load the package of checkout `repo` (--repo: the tree benchmarked,
+    by default this one), ahead of one the working directory may hold."""
+    sys.path.insert(0, repo)
 
 
 def run_child(kind: str, spec: dict, repo: str, threads=None) -> dict:
     """Runs `kind` (side | act) in a fresh process; returns its result."""
     env = dict(os.environ, PYTHONWARNINGS="ignore", PYTHONPATH=os.pathsep.join(
-        [repo, os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
+        [ROOT, os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
     if threads:
         env["OMP_NUM_THREADS"] = str(threads)
-    r = subprocess.run([sys.executable, os.path.abspath(__file__), "--_child", kind, json.dumps(spec)],
+    r = subprocess.run([sys.executable, "-m", "scripts.benchmark", "--_child", kind, json.dumps(dict(spec, repo=repo))],
                        capture_output=True, text=True, env=env)
     for line in r.stdout.splitlines():
         if line.startswith("RESULT "):
@@ -99,13 +104,10 @@ def child_main(kind: str, spec: dict) -> None:
 
     logging.disable(logging.WARNING)
     if kind == "side":
-        from bench_support.timing import run_side
+        from scripts.bench_support.timing import run_side
         res = run_side(spec)
     else:
-        from bench_support.saved_bytes import forward_saved_bytes
-        if spec.get("ls_attention") == "sdpa":  # ls's attention as on a GPU (no effect on fairseq's side)
-            from fairseq_lightseq.modules import multihead_attention
-            multihead_attention.SDPA_MODE = "always"
+        from scripts.bench_support.saved_bytes import forward_saved_bytes
         res = forward_saved_bytes(spec["args"], spec["pool"])
     print("RESULT " + json.dumps(res), flush=True)
 
@@ -123,8 +125,8 @@ def make_pools(a, data_bin: str, shapes, tmp: str, n_pool: int, layers, extra):
     fairseq side's arguments; batching depends only on the data and the shape)."""
     import torch
 
-    from bench_support.corpus import draw_pool
-    from bench_support.families import shape_label
+    from scripts.bench_support.corpus import draw_pool
+    from scripts.bench_support.families import shape_label
 
     pools = {}
     for shape in shapes:
@@ -139,7 +141,7 @@ def make_pools(a, data_bin: str, shapes, tmp: str, n_pool: int, layers, extra):
 
 def train_args_for(a, data_bin, side, precision, shape, layers, extra):
     """fairseq-train arguments of one side: `extra` for every side, --ls-extra for the ls side too."""
-    from bench_support.sides import train_args
+    from scripts.bench_support.sides import train_args
     if side == "ls":
         extra = list(extra) + a.ls_extra.split()
     return train_args(a.fam, data_bin, a.repo, side, a.arch_size, a.device, precision, shape, layers, extra)
@@ -217,9 +219,9 @@ def fmt(x, spec, na="n/a"):
 
 
 def throughput(a) -> dict:
-    from bench_support.corpus import pad_fraction
-    from bench_support.families import shape_label, shapes
-    from bench_support.flops import batch_flops, device_peak_tflops
+    from scripts.bench_support.corpus import pad_fraction
+    from scripts.bench_support.families import shape_label, shapes
+    from scripts.bench_support.flops import batch_flops, device_peak_tflops
 
     cuda = a.device == "cuda"
     timed = shapes(a.fam, a.max_tokens, a.seq_len)
@@ -322,7 +324,7 @@ def print_throughput(prec, res, sides):
 
 
 def print_ops(a, ops: dict) -> None:
-    """Prints each side's torch.profiler table ({side: _op_breakdown's dict or None})."""
+    """Prints each side's torch.profiler table ({side: op_breakdown's dict or None})."""
     for s, o in ops.items():
         if not o:
             continue
@@ -338,7 +340,7 @@ def host_overhead(a) -> dict:
     if "ls" not in a.sides or len(a.sides) < 2:
         raise SystemExit(f"--host-overhead compares ls with a baseline: --sides must name ls and fairseq or "
                          f"fairseq_fused, got {','.join(a.sides)}")
-    from bench_support.families import shape_label, shapes, tiny_width_args
+    from scripts.bench_support.families import shape_label, shapes, tiny_width_args
 
     a.device = "cpu"
     data_bin = data_bin_for(a, a.host_pairs, a.host_vocab)
@@ -381,7 +383,7 @@ def host_overhead(a) -> dict:
 
 
 def activation_bytes(a) -> dict:
-    from bench_support.families import shape_label, shapes
+    from scripts.bench_support.families import shape_label, shapes
 
     a.device = "cpu"
     data_bin = data_bin_for(a, a.corpus_size, a.vocab)
@@ -400,8 +402,9 @@ def activation_bytes(a) -> dict:
             row = {}
             for side in ("ls", "fairseq"):
                 args = train_args_for(a, data_bin, side, "fp32", shape, a.layers, extra)
-                row[side] = run_child("act", {"args": args, "pool": pool_path, "ls_attention": a.ls_attention},
-                                      a.repo, a.threads)
+                if side == "ls" and a.ls_attention != "auto":  # ls's attention as on a GPU
+                    args = [*args, "--ls-attention", a.ls_attention]
+                row[side] = run_child("act", {"args": args, "pool": pool_path}, a.repo, a.threads)
                 r = row[side]
                 print(f"{size:<11}{label:>11} {side:<10}{r['bytes'] / 2**20:>11.1f}{r['storages']:>10}"
                       f"{r['from_ctx_attributes'] / 2**20:>14.1f}{'x'.join(map(str, r['batch'])):>12}", flush=True)
@@ -431,7 +434,10 @@ def machine(load_before) -> dict:
 
 
 def finish(res: dict, t0: float, load_before, argv, json_path) -> None:
-    """Adds the wall time, the machine and argv to res, prints the closing line, writes res to json_path."""
+    """Adds the wall time, the machine and argv to res, prints the closing line, writes res to json_path
+    with the measured tree's commit and without the machine's paths (bench_support/provenance.py)."""
+    from scripts.bench_support.provenance import record
+
     res["wall_s"] = time.perf_counter() - t0
     res["machine"] = machine(load_before)
     res["argv"] = sys.argv[1:] if argv is None else list(argv)
@@ -441,7 +447,7 @@ def finish(res: dict, t0: float, load_before, argv, json_path) -> None:
           f"{', '.join(f'{x:.1f}' for x in m['loadavg_after'])}", flush=True)
     if json_path:
         with open(json_path, "w") as f:
-            json.dump(res, f, indent=1)
+            json.dump(record(res, res.get("repo") or ROOT), f, indent=1)
 
 
 def parse_args(argv=None):
@@ -449,7 +455,7 @@ def parse_args(argv=None):
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     ints = lambda s: [int(x) for x in s.split(",")]  # noqa: E731
     strs = lambda s: s.split(",")  # noqa: E731
-    from bench_support.families import FAMILIES
+    from scripts.bench_support.families import FAMILIES
 
     p.add_argument("--family", choices=list(FAMILIES), default="translation",
                    help="the model family (bench_support/families.py; default: %(default)s)")
@@ -565,13 +571,14 @@ def parse_args(argv=None):
 
 
 def main(argv=None):
-    sys.path.insert(0, SCRIPTS)
     a = parse_args(argv)
     if a._child:
-        child_main(a._child[0], json.loads(a._child[1]))
+        spec = json.loads(a._child[1])
+        use_tree(spec.pop("repo"))
+        child_main(a._child[0], spec)
         return
     check_args.finish(a, "benchmark.py")
-    sys.path.insert(0, a.repo)
+    use_tree(a.repo)
     import logging
     import warnings
     logging.disable(logging.WARNING)  # fairseq's INFO lines

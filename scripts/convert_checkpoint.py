@@ -5,7 +5,7 @@
     python scripts/convert_checkpoint.py IN.pt OUT.pt --to fairseq    # ls_* -> fairseq's
 
 Our models, criteria and optimizer share their state exactly with fairseq's (the pairs are listed in
-fairseq_lightseq/families.py), so only the names a checkpoint records change; model weights, optimizer state (Adam's step/exp_avg/exp_avg_sq per parameter, in the same
+fairseq_lightseq/models/families.py), so only the names a checkpoint records change; model weights, optimizer state (Adam's step/exp_avg/exp_avg_sq per parameter, in the same
 parameter order, and fp16 loss scale), lr scheduler, num_updates, dataloader position and everything
 else are kept as they are:
 
@@ -34,8 +34,8 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from fairseq_lightseq.checkpoint_convert import PARTS, convert_state  # noqa: E402
-from fairseq_lightseq import checkpoint_io  # noqa: E402  (the safe loader, clear read errors)
+from fairseq_lightseq.checkpoints.convert import PARTS, convert_state  # noqa: E402
+from fairseq_lightseq.checkpoints import io as checkpoint_io  # noqa: E402  (the safe loader, clear read errors)
 
 
 def main(argv=None):

@@ -53,26 +53,26 @@ BENCH_FIRST="--device cuda --arch-size big --max-tokens 8192 --corpus-pairs 2000
 # The steps after the build, in order of value. One row each:
 #   name  profile (first | second | only: run when named in GPU_CHECK_ONLY)  min_s  cap_s  kind  arguments
 # kind pytest: `$PY -m pytest -q ... ARGS` (rehearsal: --collect-only, must collect > 0 tests);
-# kind py: `$PY ARGS`, a script (rehearsal: ARGS --check-args). Arguments are expanded by the shell.
-# A new model family's benchmark is one row in the second profile (benchmark.py --family NAME): the LM's
+# kind py: `$PY ARGS`, a script run as a module of the scripts package (rehearsal: ARGS --check-args). Arguments are expanded by the shell.
+# A new model family's benchmark is one row in the second profile (-m scripts.benchmark --family NAME): the LM's
 # below (GPT-2-small widths, bf16, T = 1024 and 4096 at 16k tokens, ls / fairseq adam / fused AdamW, MFU),
 # first in the second call because that family has never run on a GPU; RoBERTa's next (roberta_base, bf16,
 # T = 512 at 16k tokens, masked_lm pretraining; it reuses the LM's corpus, which benchmark_lm made).
 STEPS='
 tests_new        first   30   90  pytest  -m cuda $TESTS_NEW
-benchmark        first  150  220  py      scripts/benchmark.py $BENCH_FIRST --precision fp16 --json $OUT_DIR/benchmark.json
+benchmark        first  150  220  py      -m scripts.benchmark $BENCH_FIRST --precision fp16 --json $OUT_DIR/benchmark.json
 tests_rest       first   30  120  pytest  -m cuda $TESTS_REST
-bench_criterion  first   15   40  py      scripts/bench_criterion.py --device cuda
-bench_optimizer  first   10   30  py      scripts/bench_optimizer.py --device cuda
-benchmark_lm     second 150  220  py      scripts/benchmark.py --family lm --device cuda --warmup 20 --steps 50 --rounds 1 --json $OUT_DIR/benchmark_lm.json
-benchmark_roberta second 100 180  py      scripts/benchmark.py --family roberta --device cuda --warmup 20 --steps 50 --rounds 1 --json $OUT_DIR/benchmark_roberta.json
-bench_ops_fp16   second  30   75  py      scripts/bench_ops.py --device cuda --dtype fp16 --shapes base,big,large,long --skip-ref --json $OUT_DIR/bench_ops_fp16.json
-benchmark_bf16   second 150  220  py      scripts/benchmark.py $BENCH_FIRST --precision bf16 --json $OUT_DIR/benchmark_bf16.json
-sp_bench         second  60  150  py      scripts/bench_sequence_parallel.py --device cuda --dtype bf16 --lengths 4k 8k 16k 32k --max-gib 100 --warmup 1 --reps 3 --json $OUT_DIR/bench_sequence_parallel_bf16.json
-bench_ops_bf16   second  30   75  py      scripts/bench_ops.py --device cuda --dtype bf16 --shapes base,big,large --skip-ref --json $OUT_DIR/bench_ops_bf16.json
+bench_criterion  first   15   40  py      -m scripts.bench_criterion --device cuda
+bench_optimizer  first   10   30  py      -m scripts.bench_optimizer --device cuda
+benchmark_lm     second 150  220  py      -m scripts.benchmark --family lm --device cuda --warmup 20 --steps 50 --rounds 1 --json $OUT_DIR/benchmark_lm.json
+benchmark_roberta second 100 180  py      -m scripts.benchmark --family roberta --device cuda --warmup 20 --steps 50 --rounds 1 --json $OUT_DIR/benchmark_roberta.json
+bench_ops_fp16   second  30   75  py      -m scripts.bench_ops --device cuda --dtype fp16 --shapes base,big,large,long --skip-ref --json $OUT_DIR/bench_ops_fp16.json
+benchmark_bf16   second 150  220  py      -m scripts.benchmark $BENCH_FIRST --precision bf16 --json $OUT_DIR/benchmark_bf16.json
+sp_bench         second  60  150  py      -m scripts.bench_sequence_parallel --device cuda --dtype bf16 --lengths 4k 8k 16k 32k --max-gib 100 --warmup 1 --reps 3 --json $OUT_DIR/bench_sequence_parallel_bf16.json
+bench_ops_bf16   second  30   75  py      -m scripts.bench_ops --device cuda --dtype bf16 --shapes base,big,large --skip-ref --json $OUT_DIR/bench_ops_bf16.json
 tests_cuda       only    60  180  pytest  -m cuda tests
-benchmark_full   only   240  420  py      scripts/benchmark.py --device cuda --json $OUT_DIR/benchmark_full.json
-benchmark_sweep  only   300  540  py      scripts/benchmark.py --device cuda --sweep --precision fp16,bf16 --json $OUT_DIR/benchmark_sweep.json
+benchmark_full   only   240  420  py      -m scripts.benchmark --device cuda --json $OUT_DIR/benchmark_full.json
+benchmark_sweep  only   300  540  py      -m scripts.benchmark --device cuda --sweep --precision fp16,bf16 --json $OUT_DIR/benchmark_sweep.json
 '
 
 report() {

@@ -27,6 +27,7 @@ from fairseq.models.transformer import TransformerDecoderBase
 from torch import nn
 
 from ..ops import label_smoothed_cross_entropy, linear_label_smoothed_cross_entropy
+from ..sequence_parallel.sharding import recorded_shard
 
 
 class FusedLossMixin:
@@ -60,7 +61,7 @@ class FusedLossMixin:
         weight = self.projection_weight(model) if reduce else None
         # features_only only when set: a model outside the fused path may not take the argument
         net_output = model(**sample["net_input"], **({"features_only": True} if weight is not None else {}))
-        shard = net_output[1].get("sequence_parallel") if isinstance(net_output[1], dict) else None
+        shard = recorded_shard(net_output)
         if shard is None:
             return self._outputs(model, net_output, sample, reduce, weight)
         ntokens = int(self._target(model, net_output, sample).ne(self.padding_idx).sum())
@@ -109,7 +110,7 @@ class FusedLossMixin:
         """The target [B, T] int64, or under sequence parallelism this rank's columns of it (padded with
         pad tokens like the decoder's input, so the padding adds nothing to the loss)."""
         target = model.get_targets(sample, net_output)
-        shard = net_output[1].get("sequence_parallel") if isinstance(net_output[1], dict) else None
+        shard = recorded_shard(net_output)
         if shard is not None:
             target = shard.local(shard.pad(target, self.padding_idx))
         return target

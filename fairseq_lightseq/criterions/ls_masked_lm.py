@@ -26,6 +26,7 @@ from fairseq.criterions.masked_lm import MaskedLmConfig, MaskedLmLoss
 from fairseq.models.roberta.model import RobertaLMHead
 
 from ..modules.lm_head import LSRobertaLMHead, lm_head_transform
+from ..sequence_parallel.sharding import recorded_shard
 from .fused_loss import FusedLossMixin
 
 
@@ -55,7 +56,7 @@ class LsMaskedLmLoss(FusedLossMixin, MaskedLmLoss):
         features = features.reshape(-1, features.size(-1)).index_select(0, rows)
         hidden = lm_head_transform(head, features)
         loss, _, _ = self.fused_loss(hidden, head.weight, target.reshape(-1).index_select(0, rows), bias=head.bias)
-        shard = net_output[1].get("sequence_parallel")
+        shard = recorded_shard(net_output)
         first = shard is None or shard.rank == 0
         logging_output = {
             "loss": loss.data,

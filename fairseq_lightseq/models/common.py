@@ -1,16 +1,28 @@
 """What every ls_* model shares: the refusal of fairseq options our layers do not implement, the
-padding side of the decoder's rows, --ls-recompute-attention, and a cheap model.train()."""
+options they add to fairseq's (`add_args`: sequence parallelism, --ls-recompute-attention,
+--ls-attention), the end of their build_model (`finish_build`: sequence parallelism set up, the padding
+side of the decoder's rows, the recompute default, the attention mode), and a cheap model.train()."""
 from fairseq.utils import eval_bool
 from torch import nn
 
-from ..modules.transformer_layer import FAIRSEQ_ACTIVATIONS, _TransformerLayerBase
+from ..modules.multihead_attention import ATTENTION_MODES, LSMultiheadAttention
+from ..modules.transformer_layer import TransformerLayerBase, ops_activation
+from ..sequence_parallel import options as sequence_parallel_options
+
+# --ls-recompute-attention's default per model. Recomputing q, k, v in backward trades one more QKV
+# GEMM per attention for about 3 [T, B, E] tensors less kept per attention. Translation's rows are
+# short, so the kept projections are a large share of what a layer keeps and the GEMM is cheap: on.
+# The LM and RoBERTa run long rows, where the attention's other saved tensors dominate and the extra
+# GEMM is a larger share of the step: off. The measurements behind the choice are in the benchmark
+# results, not here.
+RECOMPUTE_DEFAULTS = {"ls_transformer": True, "ls_transformer_lm": False, "ls_roberta": False}
 
 # Dropout probabilities the layers take; each must be in [0, 1] (checked at build, not by the first
 # forward's op). --relu-dropout is fairseq's old name for --activation-dropout.
 DROPOUT_OPTIONS = ("dropout", "attention_dropout", "activation_dropout", "relu_dropout")
 
 
-def check_supported(args, model: str = "ls_transformer", native: str = "transformer") -> None:
+def check_supported(args, model: str, native: str) -> None:
     """Raise ValueError naming the first fairseq option `model` does not implement, or whose value is
     out of range; the message points at fairseq's own `native` arch. args: an argparse Namespace or a
     model config (DictConfig) of either family."""
@@ -43,10 +55,7 @@ def check_supported(args, model: str = "ls_transformer", native: str = "transfor
     for option, bad in unsupported:
         if bad:
             raise ValueError(f"{model} does not support {option}; use --arch {native} for it")
-    act = str(get("activation_fn", "relu"))
-    if act not in FAIRSEQ_ACTIVATIONS:
-        raise ValueError(f"{model} does not support --activation-fn {act}; "
-                         f"supported: {', '.join(FAIRSEQ_ACTIVATIONS)}")
+    ops_activation(str(get("activation_fn", "relu")), model)
 
 
 def right_padded_targets(task) -> bool:
@@ -69,8 +78,47 @@ def right_padded_targets(task) -> bool:
     return False
 
 
+def add_args(parser, model: str) -> None:
+    """The options every ls_* model adds to its fairseq base's: sequence parallelism,
+    --ls-recompute-attention (default RECOMPUTE_DEFAULTS[model]) and --ls-attention."""
+    sequence_parallel_options.add_args(parser)
+    add_recompute_args(parser, RECOMPUTE_DEFAULTS[model])
+    parser.add_argument("--ls-attention", choices=ATTENTION_MODES, metavar="MODE",
+                        help="which attention runs: auto (torch's fused SDPA on CUDA, and on the CPU for long rows "
+                             "without attention dropout; else the explicit fused-softmax path), sdpa (always "
+                             "SDPA; its dropout draws from torch's generator) or explicit (never SDPA) "
+                             "(default: auto)")
+
+
+def finish_build(model: nn.Module, name: str, args, task, sequence_parallel=(), decoder=None) -> nn.Module:
+    """The end of every ls_* build_model: the sequence-parallel setup of `args` given to each module of
+    `sequence_parallel` (the encoder and decoder that shard their rows), whether `decoder`'s rows are
+    right-padded (from the task, None for an encoder-only model), every layer's recompute_attention
+    (RECOMPUTE_DEFAULTS[name] where args has none) and every attention's mode (--ls-attention).
+    Returns `model`."""
+    sp = sequence_parallel_options.setup(args, task)
+    for module in sequence_parallel:
+        module.sequence_parallel = sp
+    if decoder is not None:
+        decoder.right_padded = right_padded_targets(task)
+    set_recompute_attention(model, args, RECOMPUTE_DEFAULTS[name])
+    mode = getattr(args, "ls_attention", None)
+    if mode is not None:  # else LSMultiheadAttention's default, "auto"
+        set_attention_mode(model, mode)
+    return model
+
+
+def set_attention_mode(model: nn.Module, mode: str) -> None:
+    """Sets every attention module's attention_mode (one of ATTENTION_MODES; ValueError otherwise)."""
+    if mode not in ATTENTION_MODES:
+        raise ValueError(f"--ls-attention must be one of {', '.join(ATTENTION_MODES)}, got {mode!r}")
+    for m in model.modules():
+        if isinstance(m, LSMultiheadAttention):
+            m.attention_mode = mode
+
+
 def add_recompute_args(parser, default: bool) -> None:
-    """--ls-recompute-attention BOOL, whose default (`default`) is the model family's."""
+    """--ls-recompute-attention BOOL, whose default (`default`) is the model's."""
     parser.add_argument("--ls-recompute-attention", type=eval_bool, metavar="BOOL",
                         help="the attention blocks project q, k, v again in backward (and rerun SDPA's forward "
                              "without attention dropout) instead of keeping them for backward: about 3 [T, B, E] "
@@ -83,7 +131,7 @@ def set_recompute_attention(model: nn.Module, args, default: bool) -> None:
     value = getattr(args, "ls_recompute_attention", None)
     value = default if value is None else bool(value)
     for m in model.modules():
-        if isinstance(m, _TransformerLayerBase):
+        if isinstance(m, TransformerLayerBase):
             m.recompute_attention = value
 
 
@@ -98,8 +146,8 @@ class LSModelMixin:
     def train(self, mode: bool = True):
         """nn.Module.train over the whole tree without its per-module cost: fairseq's Trainer and task call
         model.train() on every step, and nn.Module's recursion (named_children generators and
-        Module.__setattr__ for each of the ~200 submodules at Transformer-big depth) takes ~0.4 ms of host
-        time a call. This walk sets the same `training` flag of every submodule directly; a submodule
+        Module.__setattr__ for each of the ~200 submodules at Transformer-big depth) is a noticeable share
+        of a step's host time. This walk sets the same `training` flag of every submodule directly; a submodule
         class that overrides train() gets its own train(mode) called, as nn.Module would."""
         if not isinstance(mode, bool):
             raise ValueError("training mode is expected to be boolean")

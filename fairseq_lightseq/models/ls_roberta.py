@@ -33,13 +33,11 @@ from ..modules.lm_head import LSRobertaLMHead
 from ..modules.multihead_attention import LSMultiheadAttention
 from ..modules.transformer import LSTransformerEncoder
 from ..sequence_parallel import options as sequence_parallel_options
-from ..sequence_parallel.sharding import shard_or_none
-from .common import LSModelMixin, add_recompute_args, check_supported, register_architectures, set_recompute_attention
+from ..sequence_parallel.sharding import EXTRA_KEY, shard_or_none
+from . import common
+from .common import LSModelMixin, check_supported, register_architectures
 
 NAME = "ls_roberta"
-# RoBERTa keeps q, k, v for backward by default (as the LM: ls_transformer_lm.RECOMPUTE_ATTENTION): saved
-# bytes 0.51x fairseq's without the recompute, 0.42x with it (roberta_base, T = 512), ~13% of a CPU step.
-RECOMPUTE_ATTENTION = False
 # The criteria that count a rank's share under sequence parallelism (sentence_prediction does not).
 SEQUENCE_PARALLEL_CRITERIA = ("ls_masked_lm",)
 
@@ -83,7 +81,7 @@ class LSRobertaEncoder(RobertaEncoder):
         features, extra = super().extract_features(src_tokens, return_all_hiddens=return_all_hiddens, **kwargs)
         shard = shard_or_none(self.sentence_encoder.sequence_parallel, src_tokens.size(1))
         if shard is not None:
-            extra["sequence_parallel"] = shard
+            extra[EXTRA_KEY] = shard
         return features, extra
 
 
@@ -101,8 +99,7 @@ class LSRobertaModel(LSModelMixin, RobertaModel):
     @classmethod
     def add_args(cls, parser):
         RobertaModel.add_args(parser)
-        sequence_parallel_options.add_args(parser)
-        add_recompute_args(parser, RECOMPUTE_ATTENTION)
+        common.add_args(parser, NAME)
 
     @classmethod
     def build_model(cls, args, task):
@@ -123,9 +120,7 @@ class LSRobertaModel(LSModelMixin, RobertaModel):
         if OmegaConf.is_config(args):
             OmegaConf.set_struct(args, True)
         model = cls(args, encoder)
-        model.encoder.sentence_encoder.sequence_parallel = sequence_parallel_options.setup(args, task)
-        set_recompute_attention(model, args, RECOMPUTE_ATTENTION)
-        return model
+        return common.finish_build(model, NAME, args, task, (model.encoder.sentence_encoder,))
 
 
 # Architectures: ls_<name> has exactly the defaults of fairseq's <name> (its own function is called).

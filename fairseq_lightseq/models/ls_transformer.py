@@ -11,35 +11,28 @@ from fairseq.models.transformer import transformer_legacy as fs
 
 from ..modules.transformer import LSTransformerDecoder, LSTransformerEncoder
 from ..sequence_parallel import options as sequence_parallel_options
-from .common import (LSModelMixin, add_recompute_args, check_supported, register_architectures, right_padded_targets,
-                     set_recompute_attention)
+from . import common
+from .common import LSModelMixin, check_supported, register_architectures
 
-# Translation recomputes q, k, v by default: its rows are short, so they are a large share of what a layer
-# keeps (saved bytes 0.39x fairseq's with, 0.62x without, Transformer-base), for ~2% of the CPU step.
-RECOMPUTE_ATTENTION = True
+NAME = "ls_transformer"
 
 
-@register_model("ls_transformer")
+@register_model(NAME)
 class LSTransformerModel(LSModelMixin, TransformerModel):
     """fairseq's TransformerModel (legacy argparse API) whose encoder and decoder run the fused ops."""
 
     @classmethod
     def add_args(cls, parser):
         super().add_args(parser)
-        sequence_parallel_options.add_args(parser)
-        add_recompute_args(parser, RECOMPUTE_ATTENTION)
+        common.add_args(parser, NAME)
 
     @classmethod
     def build_model(cls, args, task):
         fs.base_architecture(args)
-        check_supported(args)
+        check_supported(args, NAME, "transformer")
         sequence_parallel_options.check(args)
         model = super().build_model(args, task)
-        sp = sequence_parallel_options.setup(args, task)
-        model.encoder.sequence_parallel = model.decoder.sequence_parallel = sp
-        model.decoder.right_padded = right_padded_targets(task)
-        set_recompute_attention(model, args, RECOMPUTE_ATTENTION)
-        return model
+        return common.finish_build(model, NAME, args, task, (model.encoder, model.decoder), model.decoder)
 
     @classmethod
     def build_encoder(cls, cfg, src_dict, embed_tokens):
@@ -64,4 +57,4 @@ ARCHITECTURES = {
 }
 
 
-globals().update(register_architectures("ls_transformer", ARCHITECTURES))
+globals().update(register_architectures(NAME, ARCHITECTURES))

@@ -26,13 +26,10 @@ from fairseq.models.transformer_lm import TransformerLanguageModel, TransformerL
 
 from ..modules.transformer import LSTransformerDecoder
 from ..sequence_parallel import options as sequence_parallel_options
-from .common import (LSModelMixin, add_recompute_args, check_supported, register_architectures, right_padded_targets,
-                     set_recompute_attention)
+from . import common
+from .common import LSModelMixin, check_supported, register_architectures
 
 NAME = "ls_transformer_lm"
-# Language models keep q, k, v for backward by default: recomputing them costs ~8% of a CPU step (GPT
-# widths, T = 512) and saves less there (saved bytes 0.42x fairseq's without it, 0.34x with: GPT-2 small).
-RECOMPUTE_ATTENTION = False
 
 
 @register_model(NAME)
@@ -43,8 +40,7 @@ class LSTransformerLanguageModel(LSModelMixin, TransformerLanguageModel):
     def add_args(cls, parser):
         # fairseq's transformer_lm arguments without defaults (the arch functions set them)
         gen_parser_from_dataclass(parser, TransformerLanguageModelConfig(), delete_default=True)
-        sequence_parallel_options.add_args(parser)
-        add_recompute_args(parser, RECOMPUTE_ATTENTION)
+        common.add_args(parser, NAME)
 
     @classmethod
     def build_model(cls, args, task):
@@ -62,10 +58,7 @@ class LSTransformerLanguageModel(LSModelMixin, TransformerLanguageModel):
             args.max_target_positions = getattr(args, "tokens_per_sample", fs.DEFAULT_MAX_TARGET_POSITIONS)
         embed_tokens = cls.build_embedding(args, task.source_dictionary, args.decoder_input_dim)
         decoder = LSTransformerDecoder(args, task.target_dictionary, embed_tokens, no_encoder_attn=True)
-        decoder.sequence_parallel = sequence_parallel_options.setup(args, task)
-        decoder.right_padded = right_padded_targets(task)
-        set_recompute_attention(decoder, args, RECOMPUTE_ATTENTION)
-        return cls(decoder)
+        return common.finish_build(cls(decoder), NAME, args, task, (decoder,), decoder)
 
 
 def transformer_lm_defaults(args):

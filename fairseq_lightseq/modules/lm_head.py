@@ -16,7 +16,7 @@ from torch import Tensor
 from fairseq.models.roberta.model import RobertaLMHead
 
 from .. import ops
-from .transformer_layer import _check_activation
+from .transformer_layer import ops_activation
 
 
 def lm_head_transform(head: RobertaLMHead, features: Tensor) -> Tensor:
@@ -32,7 +32,7 @@ class LSRobertaLMHead(RobertaLMHead):
 
     def __init__(self, embed_dim: int, output_dim: int, activation_fn: str, weight=None):
         super().__init__(embed_dim, output_dim, activation_fn, weight)
-        self.activation = _check_activation(str(activation_fn))
+        self.activation = ops_activation(str(activation_fn))
 
     def transform(self, features: Tensor) -> Tensor:
         """features [..., E] -> layer_norm(act(features @ dense.weight.T + dense.bias)) [..., E], same dtype."""

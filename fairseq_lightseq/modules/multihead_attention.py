@@ -22,43 +22,48 @@ from fairseq.incremental_decoding_utils import with_incremental_state
 from fairseq.modules import FairseqDropout
 
 from .. import ops
-from ..ops import _backend
-from ..ops.blocks.attention import _sdpa_mask, sdpa_key_padding_mask, sdpa_supported
+from ..ops import dropout_stream
+from ..ops.blocks.attention import sdpa_mask, sdpa_key_padding_mask, sdpa_supported
 
 # When to use torch's fused scaled_dot_product_attention instead of the explicit
-# bmm -> ops.attention_softmax_dropout -> bmm path: "auto" = on CUDA, and on the CPU when the attention
-# has no dropout and its scores are at least CPU_SDPA_MIN_SCORES per (sentence, head); "always";
-# "never". (Tests set "always" to check the SDPA path with dropout on CPU.)
+# bmm -> ops.attention_softmax_dropout -> bmm path (--ls-attention, an attention module's
+# `attention_mode`): "auto" = on CUDA, and on the CPU when the attention has no dropout and its scores are
+# at least CPU_SDPA_MIN_SCORES per (sentence, head); "sdpa" = always; "explicit" = never.
 # SDPA's dropout draws from torch's RNG, not our Philox stream; both are valid dropout, they are just
 # different masks. On the CPU without dropout SDPA is the same math and keeps no [B, H, Tq, Tk] tensor
 # for backward (our explicit path keeps the softmax output: at T = 2048 more than fairseq keeps in all,
 # whose CPU path runs SDPA); with dropout torch's CPU SDPA falls back to its math path, which keeps more
 # than our kernels, so the explicit path stays.
-SDPA_MODE = "auto"
-# Tq * Tk below which the CPU keeps the explicit path without dropout too: there torch's CPU SDPA costs more
-# host time per call than it saves (translation's 6+6 layers at width 32, ~20-token sentences, went from
-# 0.49x to 0.63x fairseq's host time per step under SDPA), a decoding step (one query) is slower under
-# it (121 vs 103 ms a batch of beam-5 decoding at the demo's widths), and short rows' probabilities are
-# a small part of what a layer keeps (translation's sentences: 0.52x vs 0.39x fairseq's saved bytes).
-# From 128 x 128 (language-model blocks, RoBERTa) SDPA keeps no [B, H, Tq, Tk] tensor.
+ATTENTION_MODES = ("auto", "sdpa", "explicit")
+# Tq * Tk below which the CPU keeps the explicit path without dropout too: for short rows (translation's
+# sentences, a decoding step's one query) torch's CPU SDPA costs more host time per call than it saves,
+# and their probabilities are a small part of what a layer keeps. From 128 x 128 (language-model blocks,
+# RoBERTa) SDPA keeps no [B, H, Tq, Tk] tensor. The measurements are in the benchmark results.
 CPU_SDPA_MIN_SCORES = 128 * 128
 
 IncrementalState = Dict[str, Dict[str, Optional[Tensor]]]
 
 
-def use_sdpa(x: Tensor, dropout_p: float, Tq: Optional[int] = None, Tk: Optional[int] = None) -> bool:
+def use_sdpa(x: Tensor, dropout_p: float, Tq: Optional[int] = None, Tk: Optional[int] = None,
+             mode: str = "auto") -> bool:
     """Whether attention on x's device with attention dropout probability dropout_p (0 when not applied)
-    and Tq queries over Tk keys (None: long enough) runs torch's fused SDPA (see SDPA_MODE)."""
-    if SDPA_MODE == "never":
+    and Tq queries over Tk keys (None: long enough) runs torch's fused SDPA under attention mode `mode`
+    (one of ATTENTION_MODES, see above)."""
+    if mode == "explicit":
         return False
-    if SDPA_MODE == "always":
+    if mode == "sdpa":
         return True
     return x.is_cuda or (dropout_p == 0.0 and (Tq is None or Tq * Tk >= CPU_SDPA_MIN_SCORES))
 
 
 @with_incremental_state
 class LSMultiheadAttention(nn.Module):
-    """Self- or encoder-decoder attention. Time-major like fairseq: query [Tq, B, E], key [Tk, B, E]."""
+    """Self- or encoder-decoder attention. Time-major like fairseq: query [Tq, B, E], key [Tk, B, E].
+
+    attention_mode: one of ATTENTION_MODES, whether torch's SDPA or the explicit path runs (the model sets
+    it from --ls-attention)."""
+
+    attention_mode = "auto"
 
     def __init__(self, embed_dim: int, num_heads: int, dropout: float = 0.0, self_attention: bool = True,
                  kdim: Optional[int] = None):
@@ -173,12 +178,12 @@ class LSMultiheadAttention(nn.Module):
                 if incremental_state is not None:
                     self._set_input_buffer(incremental_state, {"prev_key": k, "prev_value": v})
         if attn_dropout is None:
-            attn_dropout = _backend.draw(self.dropout_module.p, self.dropout_active)
-        out, weights = self._attend(q, k, v, key_padding_mask, causal, need_weights, attn_dropout,
+            attn_dropout = dropout_stream.draw(self.dropout_module.p, self.dropout_active)
+        out, weights = self.attend(q, k, v, key_padding_mask, causal, need_weights, attn_dropout,
                                     right_padded=right_padded and incremental_state is None)
         return F.linear(out, self.out_proj.weight), weights
 
-    def _attend(self, q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Optional[Tensor], causal: bool,
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Optional[Tensor], causal: bool,
                 need_weights: bool, attn_dropout: ops.Dropout, coords: Optional[ops.AttentionCoords] = None,
                 right_padded: bool = False) -> Tuple[Tensor, Optional[Tensor]]:
         """q: [B, H, Tq, hd]; k, v: [B, H, Tk, hd] -> ([Tq, B, E], weights [B, Tq, Tk] or None). coords: where
@@ -187,20 +192,19 @@ class LSMultiheadAttention(nn.Module):
         B, H, Tq, hd = q.shape
         Tk = k.size(2)
         sdpa_kpm = sdpa_key_padding_mask(key_padding_mask, causal, right_padded)
-        sdpa = use_sdpa(q, attn_dropout.p, Tq, Tk)  # a decoding step (Tq = 1) on the CPU: explicit
-        # with a padding mask, _sdpa_mask builds the causal band explicitly, for any Tq and Tk
+        sdpa = use_sdpa(q, attn_dropout.p, Tq, Tk, self.attention_mode)  # a decoding step (Tq = 1) on the CPU: explicit
+        # with a padding mask, sdpa_mask builds the causal band explicitly, for any Tq and Tk
         if not need_weights and sdpa and (sdpa_kpm is not None or sdpa_supported(causal, Tq, Tk)):
-            # Fused attention: no [B, H, Tq, Tk] tensor in memory (masks: see _sdpa_mask).
-            mask, is_causal = _sdpa_mask(sdpa_kpm, causal, Tq, Tk, q.device)
+            # Fused attention: no [B, H, Tq, Tk] tensor in memory (masks: see sdpa_mask).
+            mask, is_causal = sdpa_mask(sdpa_kpm, causal, Tq, Tk, q.device)
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=attn_dropout.p,
                                                  is_causal=is_causal, scale=self.scaling)
             return out.permute(2, 0, 1, 3).reshape(Tq, B, H * hd), None
         scores = torch.bmm(q.reshape(B * H, Tq, hd), k.reshape(B * H, Tk, hd).transpose(1, 2)).view(B, H, Tq, Tk)
         if Tq == 1 and attn_dropout.p == 0.0 and not torch.is_grad_enabled() and not q.is_cuda:
             # A decoding step on the CPU: fairseq's own softmax over the one query's keys (every key is
-            # visible to the last position; a hypothesis always has a real key). torch's softmax is about
-            # twice as fast as our kernel on rows this short (the demo's beam search: 8.7 vs 17 ms a batch),
-            # and there is no dropout or backward to fuse.
+            # visible to the last position; a hypothesis always has a real key). torch's softmax is faster
+            # than our kernel on rows this short, and there is no dropout or backward to fuse.
             if key_padding_mask is not None:
                 scores = scores.masked_fill(key_padding_mask.view(B, 1, 1, Tk).to(torch.bool), float("-inf"))
             probs = torch.softmax(scores * self.scaling, dim=-1)

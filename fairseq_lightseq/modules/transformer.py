@@ -6,8 +6,8 @@ arithmetic is fairseq's own code: the `version` buffers, `embed_tokens`/`embed_p
 initialisation), `reorder_encoder_out`, `max_positions`, `upgrade_state_dict_named`, the output
 projection. Only the layers (`build_*_layer`) and the forward passes are replaced.
 
-Unsupported fairseq options are rejected in `models.ls_transformer.check_supported` before these
-classes are built.
+Unsupported fairseq options are rejected by `models.common.check_supported` (each model's build_model)
+before these classes are built.
 """
 from typing import Any, Dict, List, Optional
 
@@ -22,11 +22,11 @@ from fairseq.models.transformer import TransformerConfig, TransformerDecoderBase
 from fairseq.modules.checkpoint_activations import checkpoint_wrapper
 
 from .. import ops
-from ..ops import _backend
+from ..ops import dropout_stream
 from ..sequence_parallel.collectives import all_gather
-from ..sequence_parallel.sharding import SequenceParallel, Shard, shard_or_none
+from ..sequence_parallel.sharding import EXTRA_KEY, SequenceParallel, Shard, shard_or_none
 from .embedding import embed_time_major, position_table
-from .transformer_layer import SITES_PER_LAYER, LSTransformerDecoderLayer, LSTransformerEncoderLayer, _layer_norm
+from .transformer_layer import SITES_PER_LAYER, LSTransformerDecoderLayer, LSTransformerEncoderLayer, fused_layer_norm
 
 
 def _cfg(cfg) -> TransformerConfig:
@@ -82,7 +82,7 @@ class _DropoutStreamMixin:
         dropout at site 0 of the forward's stream (moved to the shard's first row)."""
         project_in = getattr(self, "project_in_dim", None)  # the decoder's, with --decoder-input-dim
         B, E = tokens.size(0), self.embed_tokens.embedding_dim if project_in is None else project_in.out_features
-        d = _backend.draw(self.dropout_module.p, active, seed, 0)
+        d = dropout_stream.draw(self.dropout_module.p, active, seed, 0)
         if shard is not None:
             d = shard.token_offset(d, B, E)
         if project_in is not None:
@@ -94,14 +94,14 @@ class _DropoutStreamMixin:
                     positions = utils.make_positions(tokens, self.padding_idx)
                 x = x + F.embedding(positions.t(), table.to(x.dtype))
             if self.layernorm_embedding is not None:
-                x = _layer_norm(self.layernorm_embedding, x)
+                x = fused_layer_norm(self.layernorm_embedding, x)
             return ops.dropout(x, d, active)
         if self.layernorm_embedding is None:
             return embed_time_major(tokens, self.embed_tokens, self.embed_positions, self.embed_scale, d, active,
                                     positions=positions, max_position=max_position)
         x = embed_time_major(tokens, self.embed_tokens, self.embed_positions, self.embed_scale, 0.0, active,
                              positions=positions, max_position=max_position)
-        return ops.dropout(_layer_norm(self.layernorm_embedding, x), d, active)
+        return ops.dropout(fused_layer_norm(self.layernorm_embedding, x), d, active)
 
     @property
     def dropout_active(self) -> bool:
@@ -118,7 +118,7 @@ class _DropoutStreamMixin:
         return bool(cfg.dropout or cfg.attention_dropout or _activation_dropout(cfg))
 
     def _forward_seed(self) -> Optional[int]:
-        return _backend.next_seed() if self.dropout_active and self.uses_dropout else None
+        return dropout_stream.next_seed() if self.dropout_active and self.uses_dropout else None
 
 
 class LSTransformerEncoder(_DropoutStreamMixin, TransformerEncoderBase):
@@ -126,7 +126,7 @@ class LSTransformerEncoder(_DropoutStreamMixin, TransformerEncoderBase):
 
     def __init__(self, cfg, dictionary, embed_tokens, return_fc=False):
         if return_fc:
-            raise ValueError("ls_transformer: the encoder does not return fc results (return_fc)")
+            raise ValueError(f"{type(self).__name__} does not return fc results (return_fc)")
         super().__init__(_cfg(cfg), dictionary, embed_tokens, return_fc=False)
         self.uses_dropout = self._any_dropout()
         self.dropout_module.module_name = "TransformerEncoder"  # fairseq's name, for --retain-dropout-modules
@@ -145,7 +145,7 @@ class LSTransformerEncoder(_DropoutStreamMixin, TransformerEncoderBase):
         encoder_out [S, B, E], encoder_padding_mask [B, S] bool; encoder_embedding and fc_results are
         left empty (nothing in the transformer reads them; computing them would cost memory)."""
         if token_embeddings is not None:
-            raise ValueError("ls_transformer: token_embeddings are not supported")
+            raise ValueError(f"{type(self).__name__} does not take token_embeddings")
         # The mask goes to every layer whether or not the batch has padding: asking would cost a
         # device sync (an all-False mask gives the same result).
         encoder_padding_mask = src_tokens.eq(self.padding_idx)
@@ -166,7 +166,7 @@ class LSTransformerEncoder(_DropoutStreamMixin, TransformerEncoderBase):
             if return_all_hiddens:
                 encoder_states.append(x)
         if self.layer_norm is not None:
-            x = _layer_norm(self.layer_norm, x)
+            x = fused_layer_norm(self.layer_norm, x)
 
         src_lengths = (~encoder_padding_mask).sum(dim=1, dtype=torch.int32).reshape(-1, 1).contiguous()
         return {
@@ -255,13 +255,13 @@ class LSTransformerDecoder(_DropoutStreamMixin, TransformerDecoderBase):
                 attn = layer_attn.float().to(x)
 
         if self.layer_norm is not None:
-            x = _layer_norm(self.layer_norm, x)
+            x = fused_layer_norm(self.layer_norm, x)
         x = x.transpose(0, 1)  # T x B x C -> B x T x C
         if self.project_out_dim is not None:
             x = self.project_out_dim(x)
         extra = {"attn": [attn], "inner_states": inner_states}
         if shard is not None:
-            extra["sequence_parallel"] = shard  # the rows x holds, for the criterion's targets
+            extra[EXTRA_KEY] = shard  # the rows x holds, for the criterion's targets
         return x, extra
 
     def forward(self, prev_output_tokens, encoder_out=None, incremental_state=None, features_only: bool = False,

@@ -17,7 +17,7 @@ above is the same arithmetic and serves incremental decoding, attention weights,
 devices/dtypes without compiled kernels.
 
 Dropout: one seed per encoder/decoder forward (drawn by the caller), and each dropout site of
-layer i owns a fixed Philox range (`dropout_site` + k, see ops._backend.SITE_BITS): the masks do not
+layer i owns a fixed Philox range (`dropout_site` + k, see ops.dropout_stream.SITE_BITS): the masks do not
 depend on call order, so activation checkpointing recomputes them exactly.
 """
 import functools
@@ -30,11 +30,11 @@ from torch import Tensor, nn
 from fairseq.modules import FairseqDropout
 
 from .. import ops
-from ..ops import _backend
+from ..ops import dropout_stream
 from ..ops.blocks import AttentionBlockConfig, FeedForwardBlockConfig, attention_block, feed_forward_block
 from ..ops.blocks.attention import sdpa_key_padding_mask, sdpa_supported
 from ..ops.reference.dropout import ACTIVATIONS
-from ..sequence_parallel.attention import sharded_attention
+from .sharded_attention import sharded_attention
 from ..sequence_parallel.sharding import Shard
 from .multihead_attention import IncrementalState, LSMultiheadAttention, use_sdpa
 
@@ -55,14 +55,15 @@ _KERNEL_DTYPES = {"cpu": (torch.float32, torch.float64, torch.bfloat16),
 def _blocks_have_kernels(device_type: str) -> bool:
     """Whether every op of the blocks has a kernel for this device type (use_kernel warns once
     otherwise). Cached: asked at every layer call."""
-    return all([_backend.use_kernel(op, device_type) for op in _BLOCK_OPS])
+    return all([ops.use_kernel(op, device_type) for op in _BLOCK_OPS])
 
 
-def _layer_norm(ln: nn.LayerNorm, x: Tensor) -> Tensor:
+def fused_layer_norm(ln: nn.LayerNorm, x: Tensor) -> Tensor:
+    """x normalised by the fused op with the parameters of fairseq's LayerNorm module `ln`."""
     return ops.layer_norm(x, ln.weight, ln.bias, ln.eps)
 
 
-class _TransformerLayerBase(nn.Module):
+class TransformerLayerBase(nn.Module):
     """What both layers share: self-attention and its norm, the FFN and its norm, the dropout draws,
     and the choice between the one-node blocks and the per-op chain.
 
@@ -79,7 +80,7 @@ class _TransformerLayerBase(nn.Module):
         # the fused ops apply the dropout (see dropout_active).
         self.dropout_module = FairseqDropout(dropout, module_name=self.FAIRSEQ_NAME)
         self.activation_dropout_module = FairseqDropout(activation_dropout, module_name=self.FAIRSEQ_NAME)
-        self.activation = _check_activation(activation_fn)
+        self.activation = ops_activation(activation_fn)
         self.normalize_before = normalize_before
         self.self_attn = LSMultiheadAttention(embed_dim, num_heads, attention_dropout, self_attention=True)
         self.self_attn_layer_norm = nn.LayerNorm(embed_dim)
@@ -100,7 +101,7 @@ class _TransformerLayerBase(nn.Module):
               x: Optional[Tensor] = None, width: Optional[int] = None) -> ops.Dropout:
         """The draw of a dropout site. With a shard, the draw of a token-wise op over this rank's rows of
         x ([T/P, B, E]; `width` replaces E for the FFN's hidden activations)."""
-        d = _backend.draw(p, self.dropout_active, seed, site)
+        d = dropout_stream.draw(p, self.dropout_active, seed, site)
         if shard is None:
             return d
         return shard.token_offset(d, x.shape[1], width or x.shape[2])
@@ -109,7 +110,7 @@ class _TransformerLayerBase(nn.Module):
         """The one-node blocks need every op's kernel for x's device and one dtype throughout; under
         autocast (mixed dtypes) the per-op chain's promotion rules apply."""
         device_type = x.device.type
-        if _backend.autocast_on(x) or x.dtype != self.fc1.weight.dtype or \
+        if ops.autocast_on(x) or x.dtype != self.fc1.weight.dtype or \
                 x.dtype not in _KERNEL_DTYPES.get(device_type, ()):
             return False
         return _blocks_have_kernels(device_type)
@@ -120,11 +121,11 @@ class _TransformerLayerBase(nn.Module):
         """right_padded: see LSTransformerDecoderLayer.forward; under SDPA the block then gets no padding mask
         (sdpa_key_padding_mask), and its C++ sdpa_mask uses SDPA's causal flag."""
         Tk = x.shape[0] if memory is None else memory.shape[0]
-        attn_dropout = _backend.draw(attn.dropout_module.p, attn.dropout_active, seed, site)
+        attn_dropout = dropout_stream.draw(attn.dropout_module.p, attn.dropout_active, seed, site)
         cfg = AttentionBlockConfig(
             attn.num_heads, attn.scaling, causal, self.normalize_before, ln.eps, attn_dropout,
             self._draw(self.dropout_module.p, seed, site + 1),
-            use_sdpa(x, attn_dropout.p, x.shape[0], Tk) and sdpa_supported(causal, x.shape[0], Tk, compiled=True),
+            use_sdpa(x, attn_dropout.p, x.shape[0], Tk, attn.attention_mode) and sdpa_supported(causal, x.shape[0], Tk, compiled=True),
             self.recompute_attention)
         if cfg.sdpa:
             key_padding_mask = sdpa_key_padding_mask(key_padding_mask, causal, right_padded)
@@ -150,8 +151,8 @@ class _TransformerLayerBase(nn.Module):
         right_padded)."""
         residual = x
         if self.normalize_before:
-            x = _layer_norm(ln, x)
-        attn_dropout = _backend.draw(attn.dropout_module.p, attn.dropout_active, seed, site)
+            x = fused_layer_norm(ln, x)
+        attn_dropout = dropout_stream.draw(attn.dropout_module.p, attn.dropout_active, seed, site)
         if shard is None:
             attn_out, weights = attn(x, attn_dropout=attn_dropout, **attn_kwargs)
         else:
@@ -159,20 +160,20 @@ class _TransformerLayerBase(nn.Module):
         x = ops.bias_dropout_residual(attn_out, attn.out_proj.bias, residual,
                                       self._draw(self.dropout_module.p, seed, site + 1, shard, residual))
         if not self.normalize_before:
-            x = _layer_norm(ln, x)
+            x = fused_layer_norm(ln, x)
         return x, weights
 
     def _ffn_chain(self, x: Tensor, seed: Optional[int], site: int, shard: Optional[Shard] = None) -> Tensor:
         residual = x
         if self.normalize_before:
-            x = _layer_norm(self.final_layer_norm, x)
+            x = fused_layer_norm(self.final_layer_norm, x)
         h = ops.bias_act_dropout(F.linear(x, self.fc1.weight), self.fc1.bias,
                                  self._draw(self.activation_dropout_module.p, seed, site, shard, x, self.fc1.out_features),
                                  self.activation)
         x = ops.bias_dropout_residual(F.linear(h, self.fc2.weight), self.fc2.bias, residual,
                                       self._draw(self.dropout_module.p, seed, site + 1, shard, residual))
         if not self.normalize_before:
-            x = _layer_norm(self.final_layer_norm, x)
+            x = fused_layer_norm(self.final_layer_norm, x)
         return x
 
     def _ffn(self, x: Tensor, seed: Optional[int], site: int, shard: Optional[Shard] = None) -> Tensor:
@@ -184,18 +185,20 @@ class _TransformerLayerBase(nn.Module):
     def _seed(self, seed: Optional[int]) -> Optional[int]:
         """The forward's seed, or one drawn here when the layer is called on its own with dropout on."""
         if seed is None and self.dropout_active and (self.dropout_module.p or self.activation_dropout_module.p or self.self_attn.dropout_module.p):
-            seed = _backend.next_seed()
+            seed = dropout_stream.next_seed()
         return seed
 
 
-def _check_activation(activation_fn: str) -> str:
+def ops_activation(activation_fn: str, model: str = "fairseq_lightseq") -> str:
+    """The ops' name for fairseq's --activation-fn `activation_fn`; ValueError naming `model` (the
+    registered model whose options are checked) and the supported values otherwise."""
     if activation_fn not in FAIRSEQ_ACTIVATIONS:
-        raise ValueError(f"ls_transformer: --activation-fn {activation_fn!r} is not supported "
-                         f"(supported: {', '.join(FAIRSEQ_ACTIVATIONS)})")
+        raise ValueError(f"{model} does not support --activation-fn {activation_fn}; "
+                         f"supported: {', '.join(FAIRSEQ_ACTIVATIONS)}")
     return FAIRSEQ_ACTIVATIONS[activation_fn]
 
 
-class LSTransformerEncoderLayer(_TransformerLayerBase):
+class LSTransformerEncoderLayer(TransformerLayerBase):
     """One encoder layer. x: [T, B, E] (time-major, fairseq's layout), any float dtype the ops take."""
 
     FAIRSEQ_NAME = "TransformerEncoderLayerBase"  # for --retain-dropout-modules
@@ -236,7 +239,7 @@ class LSTransformerEncoderLayer(_TransformerLayerBase):
                     state_dict[f"{name}.{new}.{m}"] = state_dict.pop(k)
 
 
-class LSTransformerDecoderLayer(_TransformerLayerBase):
+class LSTransformerDecoderLayer(TransformerLayerBase):
     """One decoder layer: causal self-attention, encoder-decoder attention, FFN. x: [T, B, E]."""
 
     FAIRSEQ_NAME = "TransformerDecoderLayerBase"  # for --retain-dropout-modules

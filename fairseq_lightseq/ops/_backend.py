@@ -5,7 +5,7 @@ back to the reference implementations and say so once (a warning naming the reas
 """
 import functools
 import warnings
-from typing import NamedTuple, Optional, Union
+from typing import Optional
 
 import torch
 
@@ -21,6 +21,8 @@ except ImportError as e:  # not built, or built against another torch
     BUILD_INFO = {"with_cuda": False, "cuda_archs": "", "torch_version": "", "compiler": ""}
     LOAD_ERROR = e
 
+LIBRARY_FILE = None if _C is None else _C.__file__  # the compiled library's path, None when not loaded
+
 _warned = set()
 
 
@@ -33,7 +35,7 @@ def warn_once(key: str, message: str) -> None:
 @functools.lru_cache(maxsize=None)
 def has_kernel(op: str, device_type: str) -> bool:
     """Whether the compiled library registered op `op` for device type "cpu" or "cuda". Cached: the
-    registrations are fixed once the library is loaded, and every op call asks (4 us uncached)."""
+    registrations are fixed once the library is loaded, and every op call asks."""
     if _C is None:
         return False
     key = {"cpu": "CPU", "cuda": "CUDA"}.get(device_type)
@@ -62,6 +64,13 @@ def use_kernel(op: str, device_type: str, dtype: Optional[torch.dtype] = None) -
     return False
 
 
+def registered_ops():
+    """Names (without namespace) of every op the compiled library registered, sorted; empty when it is
+    not loaded."""
+    prefix = NAMESPACE + "::"
+    return sorted(name[len(prefix):] for name in torch._C._dispatch_get_all_op_names() if name.startswith(prefix))
+
+
 def ops():
     """torch.ops.fairseq_lightseq."""
     return getattr(torch.ops, NAMESPACE)
@@ -86,8 +95,7 @@ class _NoGradContext:
 def apply(function, *args):
     """function.apply(*args), or with grad mode off its forward alone: under no_grad (fairseq-generate,
     validation) autograd would record nothing anyway, and Function.apply costs a few us of Python per
-    call, which a decoding step of small tensors pays for every op (about 2% of beam search at the demo's
-    widths on the CPU)."""
+    call, which a decoding step of small tensors pays for every op."""
     if torch.is_grad_enabled():
         return function.apply(*args)
     return function.forward(_NoGradContext(len(args)), *args)
@@ -101,51 +109,6 @@ def register_fake(op: str):
             torch.library.register_fake(f"{NAMESPACE}::{op}")(fn)
         return fn
     return wrap
-
-
-def next_seed() -> int:
-    """A dropout seed drawn from torch's default (CPU) generator, so torch.manual_seed (and fairseq's
-    per-update reseeding) makes runs reproducible. The draw is a CPU tensor whatever the model's
-    device: converting it to an int never waits for a GPU."""
-    return int(torch.randint(-(2**63), 2**63 - 1, (), dtype=torch.int64))
-
-
-# Every dropout site of one forward pass shares one seed and owns the stream elements
-# [site << SITE_BITS, (site + 1) << SITE_BITS): disjoint masks for any op of up to 2^40 elements,
-# and 2^23 sites before the int64 offset overflows.
-SITE_BITS = 40
-
-
-class Dropout(NamedTuple):
-    """One dropout draw of the Philox stream, the argument every fused op with dropout takes.
-
-    p: drop probability in [0, 1] (0 = off); seed: the Philox key (int64); offset: the stream element
-    at which this op's mask starts (the op's element e uses stream element offset + e). Backward
-    regenerates the mask from the same triple, so it is all an op keeps of its dropout."""
-
-    p: float = 0.0
-    seed: int = 0
-    offset: int = 0
-
-
-NO_DROPOUT = Dropout()
-
-
-def draw(p: float, active: bool = True, seed: Optional[int] = None, site: int = 0) -> Dropout:
-    """The draw of dropout site `site` of a forward pass: NO_DROPOUT (no seed drawn, the RNG
-    untouched) when not `active` (eval mode) or p == 0; else (p, seed, site << SITE_BITS), with a
-    fresh seed from torch's generator when `seed` is None (one call on its own)."""
-    if not active or not p:
-        return NO_DROPOUT
-    return Dropout(float(p), next_seed() if seed is None else seed, site << SITE_BITS)
-
-
-def as_dropout(p: Union[float, Dropout], training: bool) -> Dropout:
-    """The public ops' dropout argument: a Dropout is used as given (NO_DROPOUT when not
-    training); a float p draws a fresh seed at offset 0."""
-    if isinstance(p, Dropout):
-        return p if training else NO_DROPOUT
-    return draw(p, training)
 
 
 def autocast_on(t: torch.Tensor) -> bool:

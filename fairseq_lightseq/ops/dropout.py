@@ -1,7 +1,7 @@
 """Differentiable bias+dropout+residual, bias+activation+dropout and plain dropout.
 
 Dropout masks come from the Philox stream (reference/philox.py, csrc/include/fls/philox.h): each op
-takes its draw as a `_backend.Dropout` (p, seed, offset), or a float p for which a seed is drawn from
+takes its draw as a `dropout_stream.Dropout` (p, seed, offset), or a float p for which a seed is drawn from
 torch's default generator (only when training with p > 0), so torch.manual_seed reproduces runs.
 The mask is never stored: backward regenerates it from (seed, offset).
 """
@@ -12,7 +12,7 @@ from typing import Union
 import torch
 
 from . import _backend, reference
-from ._backend import Dropout
+from .dropout_stream import Dropout, as_dropout
 from .reference.dropout import ACTIVATIONS
 from .reference.philox import apply_keep, dropout_threshold
 
@@ -59,7 +59,7 @@ def bias_dropout_residual(x: torch.Tensor, bias: torch.Tensor, residual: torch.T
     an fp32 residual stream stays fp32 as with PyTorch's own `residual + dropout(x)`."""
     if _backend.autocast_on(x):
         x, bias, residual = _backend.promote(x, bias.to(x.dtype), residual)
-    d = _backend.as_dropout(p, training)
+    d = as_dropout(p, training)
     if _backend.use_kernel("bias_dropout_residual_fwd", x.device.type, x.dtype):
         return _backend.apply(BiasDropoutResidualFunction, x, bias, residual, *d)
     return reference.bias_dropout_residual(x, bias, residual, *d)
@@ -74,7 +74,7 @@ def bias_act_dropout(x: torch.Tensor, bias: torch.Tensor, p: Union[float, Dropou
         bias = bias.to(x.dtype)
     if act not in ACTIVATIONS:
         raise ValueError(f"bias_act_dropout: act must be one of {ACTIVATIONS}, got {act!r}")
-    d = _backend.as_dropout(p, training)
+    d = as_dropout(p, training)
     if _backend.use_kernel("bias_act_dropout_fwd", x.device.type, x.dtype):
         return _backend.apply(BiasActDropoutFunction, x, bias, d.p, act, d.seed, d.offset)
     return reference.bias_act_dropout(x, bias, d.p, act, d.seed, d.offset)
@@ -117,7 +117,7 @@ def dropout(x: torch.Tensor, p: Union[float, Dropout], training: bool = True) ->
     element offset + e. x: any shape and float dtype; p: a Dropout draw, or a float (a fresh seed,
     offset 0). Returns x's shape and dtype (x itself when off: not training, or floor(p * 2^24) == 0).
     The dropout of fairseq's --layernorm-embedding; reference.dropout is its spec."""
-    d = _backend.as_dropout(p, training)
+    d = as_dropout(p, training)
     if dropout_threshold(d.p) == 0:
         return x
     if _mask_compiled(x.device):

@@ -7,7 +7,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from . import _backend, reference
-from ._backend import Dropout
+from .dropout_stream import Dropout, as_dropout
 
 
 class EmbeddingFunction(torch.autograd.Function):
@@ -48,7 +48,7 @@ def embedding(tokens: torch.Tensor, weight: torch.Tensor, pos_weight: Optional[t
     (default: fairseq's make_positions; incremental decoding passes its own). Gradients flow to weight and
     pos_weight (if it requires grad). Token ids must be in [0, V) and positions in [0, P).
     p: a Dropout draw over the flat [B, T, E] index, or a float (a fresh seed, offset 0)."""
-    d = _backend.as_dropout(p, training)
+    d = as_dropout(p, training)
     if _backend.use_kernel("embedding_fwd", weight.device.type, weight.dtype):
         if pos_weight is not None and positions is None:
             positions = reference.make_positions(tokens, padding_idx)

@@ -14,7 +14,7 @@ from typing import NamedTuple, Optional
 import torch
 import torch.nn.functional as F
 
-from ..ops._backend import Dropout
+from ..ops.dropout_stream import Dropout
 
 MODES = ("ulysses", "allgather")
 
@@ -74,3 +74,14 @@ def shard_or_none(sp: Optional[SequenceParallel], total: int, incremental: bool 
     if sp is None or sp.size == 1 or incremental:
         return None
     return sp.shard(total)
+
+
+# The key under which a sequence-parallel model's forward records its rows' Shard in its extra output.
+EXTRA_KEY = "sequence_parallel"
+
+
+def recorded_shard(net_output) -> Optional[Shard]:
+    """The Shard a model's forward recorded in its extra output (net_output[1][EXTRA_KEY]: the rows its
+    features or logits hold), None without sequence parallelism or an extra dict."""
+    extra = net_output[1] if isinstance(net_output, (tuple, list)) and len(net_output) > 1 else None
+    return extra.get(EXTRA_KEY) if isinstance(extra, dict) else None

@@ -3,7 +3,7 @@
 Each entry says what differs between families and nothing else; the modes in benchmark.py, the
 sides (sides.py), the pools (corpus.py), the timing (timing.py), saved bytes and FLOPs are one code
 path for all of them. A family's models, task and criterion pair come from fairseq_lightseq's own
-table (fairseq_lightseq/families.py, `library`); the rest is the benchmark's:
+table (fairseq_lightseq/models/families.py, `library`); the rest is the benchmark's:
 
     library     key in fairseq_lightseq.families.FAMILIES (task, ls_/fairseq model names, criterion pair)
     archs       --arch-size -> fairseq's arch name (the ls side runs its ls_ twin)

@@ -82,7 +82,7 @@ def forward_saved_bytes(args_list, pool_path: str) -> dict:
     task.train_step runs it, model in train mode so dropout is on) on the pool's first batch."""
     import torch
 
-    from bench_support.sides import build_model_and_criterion
+    from scripts.bench_support.sides import build_model_and_criterion
 
     task, model, criterion = build_model_and_criterion(args_list)
     sample = torch.load(pool_path, weights_only=False)[0]

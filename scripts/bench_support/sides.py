@@ -3,7 +3,7 @@
     ls              ls_<arch>, our criterion, ls_adam (the plugin as documented)
     fairseq         <arch>, fairseq's criterion, adam (fairseq as users run it)
     fairseq_fused   <arch>, fairseq's criterion, torch's fused AdamW (bench_fused_adamw)
-The criterion pair is the family's (fairseq_lightseq/families.py: ls_label_smoothed_cross_entropy /
+The criterion pair is the family's (fairseq_lightseq/models/families.py: ls_label_smoothed_cross_entropy /
 label_smoothed_cross_entropy for translation, ls_cross_entropy / cross_entropy for the LM), the
 adam pair fairseq_lightseq's OPTIMIZERS. Every other argument is identical.
 """
@@ -17,7 +17,7 @@ def train_args(family, data_bin: str, repo: str, side: str, arch_size: str, devi
                shape, layers=None, extra=()):
     """fairseq-train arguments for one side of `family` (a bench_support.families.BenchFamily; see the
     module docstring); `shape` is (max_tokens, seq_len) (seq_len None for translation)."""
-    from fairseq_lightseq.families import FAMILIES, OPTIMIZERS, PREFIX
+    from fairseq_lightseq.models.families import FAMILIES, OPTIMIZERS, PREFIX
 
     from .families import layer_args, shape_args
 
@@ -41,7 +41,7 @@ def train_args(family, data_bin: str, repo: str, side: str, arch_size: str, devi
 def build_trainer(args_list):
     """(cfg, task, trainer) from fairseq-train arguments, as fairseq_cli.train builds them (train split
     loaded). fairseq 0.12's command line maps --bf16 to --tpu; tpu is reset so bf16 runs on this device,
-    as `fairseq-train --user-dir fairseq_lightseq` does (fairseq_lightseq/cli_config.py), which this
+    as `fairseq-train --user-dir fairseq_lightseq` does (fairseq_lightseq/patches/cli_config.py), which this
     script bypasses by building the Trainer itself."""
     from fairseq import options, tasks, utils
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf

@@ -3,7 +3,7 @@ run in this process over torch's fake process group (collectives allocate their 
 nothing; collectives.py still counts the bytes a real group would send).
 
 - `build(cfg)`: the model of cfg's arch (ls_transformer by default, or any arch of
-  fairseq_lightseq/families.py's table, e.g. ls_transformer_lm_gpt2_small; fairseq's build_model with the
+  fairseq_lightseq/models/families.py's table, e.g. ls_transformer_lm_gpt2_small; fairseq's build_model with the
   family's fairseq task, a Dictionary of cfg's vocab) and its family's criterion, all dropouts as given;
 - `sample(...)`: B full-length sentences of S = T random tokens (a language model: B blocks of T);
 - `expected_bytes(...)`: the bytes one rank sends per direction (forward = backward), from the issue's
@@ -20,7 +20,7 @@ from fractions import Fraction
 import torch
 import torch.distributed as dist
 
-from bench_support.saved_bytes import SavedBytes
+from scripts.bench_support.saved_bytes import SavedBytes
 
 
 class _Task:
@@ -47,12 +47,12 @@ def build(cfg: dict, max_positions: int):
     """(task, model, criterion), float32 on the CPU, train mode. cfg: "arch" (None: ls_transformer), the
     widths embed_dim, ffn_dim, heads, layers (encoder and decoder alike; None: the arch's own), vocab
     symbols, dropout for all three sites (attention_dropout, if given, for the attention's). The arch's function (fairseq's) sets what cfg leaves out; the
-    criterion is its family's (families.py), label smoothing 0.1 where it takes one."""
+    criterion is its family's (fairseq_lightseq/models/families.py), label smoothing 0.1 where it takes one."""
     import fairseq_lightseq  # noqa: F401  (registers the models and criteria)
     from fairseq.criterions import CRITERION_REGISTRY
     from fairseq.data import Dictionary
     from fairseq.models import ARCH_MODEL_REGISTRY
-    from fairseq_lightseq.families import family_of
+    from fairseq_lightseq.models.families import family_of
 
     arch = cfg.get("arch") or "ls_transformer"
     family = family_of(arch)
@@ -204,13 +204,13 @@ def fake_cell(model, criterion, smp, group, P: int, mode: str) -> dict:
     forward's token counts would read values); the dropout seed is a constant (it reads one too)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from fairseq_lightseq.ops import _backend
+    from fairseq_lightseq.ops import dropout_stream
     from fairseq_lightseq.sequence_parallel.collectives import reset_bytes
 
     _shard(model, group, P, mode)
     fake = FakeTensorMode(allow_non_fake_inputs=True)
-    next_seed = _backend.next_seed
-    _backend.next_seed = lambda: 12345
+    next_seed = dropout_stream.next_seed
+    dropout_stream.next_seed = lambda: 12345
     t0 = time.perf_counter()
     try:
         reset_bytes()
@@ -223,7 +223,7 @@ def fake_cell(model, criterion, smp, group, P: int, mode: str) -> dict:
             sb.finish(loss)
             loss.backward()
     finally:
-        _backend.next_seed = next_seed
+        dropout_stream.next_seed = next_seed
         model.zero_grad(set_to_none=True)
     return {"saved_bytes": sb.bytes, "saved_storages": sb.tensors, "sent": _sent(), "largest": sb.groups(6),
             "seconds": time.perf_counter() - t0}

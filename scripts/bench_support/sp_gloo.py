@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from bench_support.sp_cells import build, decoder_only, sample, stacks
+from scripts.bench_support.sp_cells import build, decoder_only, sample, stacks
 
 
 def _steps(model, criterion, smp, warmup: int, steps: int, all_reduce: bool) -> list:

@@ -53,7 +53,7 @@ def _busy_fraction(trace_path: str) -> float:
     return busy / (end - start)
 
 
-def _op_breakdown(prof, steps: int, top: int) -> dict:
+def op_breakdown(prof, steps: int, top: int) -> dict:
     """The `top` entries by self CPU time and the `top` by calls (name, calls per step, self CPU ms per
     step), op calls per step (every profiler entry but the autograd engine's per-node wrappers), and
     backward nodes per step (the engine's evaluate_function entries). Entries include fairseq's
@@ -82,9 +82,9 @@ def run_side(spec: dict) -> dict:
     (updates fairseq skipped, e.g. fp16 overflow, over warm-up + timed), and the extras' results."""
     import torch
 
-    from bench_support.flops import model_shape
-    from bench_support.fused_adamw import register
-    from bench_support.sides import build_trainer
+    from scripts.bench_support.flops import model_shape
+    from scripts.bench_support.fused_adamw import register
+    from scripts.bench_support.sides import build_trainer
 
     if spec.get("threads"):
         torch.set_num_threads(spec["threads"])
@@ -235,4 +235,4 @@ def _ops_steps(step, pool, n: int, top: int) -> dict:
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         for i in range(n):
             step(pool[i % len(pool)])
-    return _op_breakdown(prof, n, top)
+    return op_breakdown(prof, n, top)

@@ -13,8 +13,7 @@ import pytest
 
 pytestmark = pytest.mark.e2e
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-SCRIPT = os.path.join(ROOT, "scripts", "bench_generate.py")
+SCRIPT = ("-m", "scripts.bench_generate")  # run from the checkout's root
 TINY = ("--encoder-layers 1 --decoder-layers 1 --encoder-embed-dim 32 --decoder-embed-dim 32 --encoder-ffn-embed-dim 64 "
         "--decoder-ffn-embed-dim 64 --encoder-attention-heads 2 --decoder-attention-heads 2")
 
@@ -22,7 +21,7 @@ TINY = ("--encoder-layers 1 --decoder-layers 1 --encoder-embed-dim 32 --decoder-
 def test_bench_generate_runs_both_sides_in_turns_and_writes_its_schema(tmp_path):
     out = tmp_path / "gen.json"
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
-    r = subprocess.run([sys.executable, SCRIPT, "--sentences", "40", "--vocab", "104", "--model-args", TINY,
+    r = subprocess.run([sys.executable, *SCRIPT, "--sentences", "40", "--vocab", "104", "--model-args", TINY,
                         "--tgt-len", "6", "--batch-size", "16", "--beam", "3", "--threads", "1", "--rounds", "2",
                         "--warmup", "1", "--profile", "1", "--cache-dir", str(tmp_path / "cache"), "--json", str(out)],
                        capture_output=True, text=True, timeout=300, env=env)
@@ -56,8 +55,8 @@ def test_bench_generate_runs_both_sides_in_turns_and_writes_its_schema(tmp_path)
 
 def test_check_args_writes_a_stub_and_bad_arguments_are_refused(tmp_path):
     stub = tmp_path / "stub.json"
-    r = subprocess.run([sys.executable, SCRIPT, "--device", "cuda", "--check-args", "--json", str(stub)],
+    r = subprocess.run([sys.executable, *SCRIPT, "--device", "cuda", "--check-args", "--json", str(stub)],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and json.loads(stub.read_text())["rehearsal"] is True
-    r = subprocess.run([sys.executable, SCRIPT, "--path", "x.pt"], capture_output=True, text=True, timeout=120)
+    r = subprocess.run([sys.executable, *SCRIPT, "--path", "x.pt"], capture_output=True, text=True, timeout=120)
     assert r.returncode != 0 and "--path needs the --data-bin" in r.stderr

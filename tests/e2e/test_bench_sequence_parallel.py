@@ -16,7 +16,7 @@ from support import ROOT
 
 pytestmark = pytest.mark.e2e
 
-SCRIPT = os.path.join(ROOT, "scripts", "bench_sequence_parallel.py")
+SCRIPT = ("-m", "scripts.bench_sequence_parallel")  # run from the checkout's root
 TINY = ["--embed-dim", "32", "--ffn-dim", "64", "--heads", "4", "--layers", "1", "--vocab", "50", "--threads", "1"]
 E, L, B, FP32 = 32, 1, 1, 4
 
@@ -24,7 +24,7 @@ E, L, B, FP32 = 32, 1, 1, 4
 def bench(tmp_path, *args, check=True, tiny=TINY):
     out = tmp_path / "sp.json"
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
-    r = subprocess.run([sys.executable, SCRIPT, *tiny, "--json", str(out), *args], capture_output=True, text=True,
+    r = subprocess.run([sys.executable, *SCRIPT, *tiny, "--json", str(out), *args], capture_output=True, text=True,
                        timeout=300, env=env)
     if not check:
         return r
@@ -105,6 +105,6 @@ def test_arch_widths_and_ulysses_left_out(tmp_path):
 
 
 def test_refuses_heads_not_divisible():
-    r = subprocess.run([sys.executable, SCRIPT, *TINY, "--sizes", "3", "--modes", "ulysses"], capture_output=True,
+    r = subprocess.run([sys.executable, *SCRIPT, *TINY, "--sizes", "3", "--modes", "ulysses"], capture_output=True,
                        text=True, timeout=120)
     assert r.returncode != 0 and "--heads (4) divisible by P" in r.stderr

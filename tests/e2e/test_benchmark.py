@@ -13,7 +13,6 @@ import pytest
 
 pytestmark = pytest.mark.e2e
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TINY = "--encoder-embed-dim 32 --decoder-embed-dim 32 --encoder-ffn-embed-dim 64 --decoder-ffn-embed-dim 64 " \
        "--encoder-attention-heads 2 --decoder-attention-heads 2"
 TINY_LM = "--decoder-embed-dim 32 --decoder-input-dim 32 --decoder-output-dim 32 --decoder-ffn-embed-dim 64 " \
@@ -26,7 +25,7 @@ RB_CORPUS = ["--family", "roberta", "--corpus-size", "2000", "--vocab", "104"]  
 def bench(tmp_path, name, *args, cache=None):
     out = tmp_path / f"{name}.json"
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
-    r = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "benchmark.py"), "--device", "cpu",
+    r = subprocess.run([sys.executable, "-m", "scripts.benchmark", "--device", "cpu",
                         "--cache-dir", str(cache or tmp_path / "cache"), "--json", str(out), *args],
                        capture_output=True, text=True, timeout=600, env=env)
     assert r.returncode == 0, f"benchmark.py {' '.join(args)} failed:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
@@ -72,7 +71,7 @@ def test_host_overhead_profiles_both_sides(tmp_path):
 
 
 def test_host_overhead_without_a_baseline_is_refused(tmp_path):
-    r = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "benchmark.py"), "--host-overhead", "--sides",
+    r = subprocess.run([sys.executable, "-m", "scripts.benchmark", "--host-overhead", "--sides",
                         "ls", "--cache-dir", str(tmp_path / "cache")], capture_output=True, text=True, timeout=120)
     assert r.returncode != 0 and "--sides must name ls and fairseq" in r.stderr
 
@@ -191,6 +190,6 @@ def test_roberta_activation_bytes(tmp_path, lm_cache):
 
 
 def test_seq_len_is_refused_for_translation(tmp_path):
-    r = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "benchmark.py"), "--seq-len", "512",
+    r = subprocess.run([sys.executable, "-m", "scripts.benchmark", "--seq-len", "512",
                         "--cache-dir", str(tmp_path / "cache")], capture_output=True, text=True, timeout=120)
     assert r.returncode != 0 and "batches sentences by --max-tokens only" in r.stderr

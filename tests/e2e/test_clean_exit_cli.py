@@ -1,4 +1,4 @@
-"""A fairseq run that succeeded exits 0, every time (fairseq_lightseq.clean_exit).
+"""A fairseq run that succeeded exits 0, every time (fairseq_lightseq.patches.clean_exit).
 
 fairseq's data-buffer thread (a daemon BackgroundConsumer) still collating a batch when Python
 finalises aborts the process with "terminate called without an active exception" (exit 134).

@@ -4,7 +4,7 @@ transformer/criterion/adam within fp16 noise, and `fairseq-generate --cpu --fp16
 checkpoint as fp32 decoding does (the CPU fp16 tensors go through the reference ops).
 
 Plain `--fp16` on a CPU runs because the plugin turns on `--fp16-no-flatten-grads` there
-(fairseq_lightseq/cli_config.py: fairseq's flat fp32 copy needs CUDA and stops before the first
+(fairseq_lightseq/patches/cli_config.py: fairseq's flat fp32 copy needs CUDA and stops before the first
 update with "Torch not compiled with CUDA enabled"), for fairseq's model too.
 
 `--fp16-init-scale 4`: on this 3-word corpus the embedding gradients overflow fp16 at fairseq's

@@ -4,7 +4,6 @@ torch's safe loader), score with sacrebleu, and decode the checkpoint converted 
 transformer_tiny. Marked `e2e` (select or skip with -m)."""
 import os
 import re
-import sys
 
 import pytest
 import sacrebleu
@@ -63,8 +62,7 @@ def test_generate_and_sacrebleu(trained, hypotheses):
 
 def test_converted_checkpoint_decodes_identically_with_fairseq_transformer(trained, hypotheses):
     d, _ = trained
-    sys.path.insert(0, os.path.join(ROOT, "scripts"))
-    import convert_checkpoint
+    from scripts import convert_checkpoint
     convert_checkpoint.main([os.path.join(d, "ckpt/checkpoint_last.pt"), os.path.join(d, "fs.pt"), "--to", "fairseq"])
     # --user-dir only for the safe-loader allowlist: the model built is fairseq's transformer_tiny
     assert hypotheses_of(d, "fs.pt") == hypotheses

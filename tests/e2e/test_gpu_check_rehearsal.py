@@ -18,8 +18,7 @@ from support import ROOT
 pytestmark = pytest.mark.e2e
 
 SCRIPT = os.path.join(ROOT, "scripts", "gpu_check.sh")
-sys.path.insert(0, os.path.join(ROOT, "scripts"))
-import gpu_check_report  # noqa: E402
+from scripts import gpu_check_report  # noqa: E402
 
 FIRST_CALL_S = 480
 

@@ -4,9 +4,9 @@
   logs the same per-update losses and ends with the same parameters, bit for bit, as an
   uninterrupted run with the same seed: fairseq restores the data iterator's position inside the
   epoch and reseeds torch (seed + num_updates) before each update, and our dropout draws its
-  Philox seed from that generator (ops/_backend.next_seed, once per encoder/decoder forward).
+  Philox seed from that generator (ops/dropout_stream.next_seed, once per encoder/decoder forward).
 * An unreadable (truncated, corrupted, empty) checkpoint stops fairseq-train and fairseq-generate
-  with fairseq_lightseq.checkpoint_io.CheckpointReadError naming the file, not a raw zip/unpickling
+  with fairseq_lightseq.checkpoints.io.CheckpointReadError naming the file, not a raw zip/unpickling
   traceback.
 * A failed save never damages an existing checkpoint: fairseq writes NAME.tmp and renames it (we
   also delete the failed .tmp), and checkpoint_io makes the follow-up copies (checkpoint_last.pt)
@@ -25,8 +25,8 @@ import fairseq_lightseq  # noqa: F401  (installs checkpoint_io)
 from fairseq import checkpoint_utils
 from fairseq.dataclass.configs import CheckpointConfig
 from fairseq.file_io import PathManager
-from fairseq_lightseq import checkpoint_io
-from fairseq_lightseq.checkpoint_io import CheckpointReadError
+from fairseq_lightseq.patches import checkpoint_io
+from fairseq_lightseq.checkpoints.io import CheckpointReadError
 
 from support.recipe import RECIPE, ROOT, prepare_once, run, train, train_inner
 
@@ -86,7 +86,7 @@ def test_resume_from_truncated_checkpoint_fails_clearly(prepared):
     rc, out = train(d, "broken", "--max-update", "10", check=False)
     assert rc != 0
     last = out.strip().splitlines()[-1]
-    assert last.startswith("fairseq_lightseq.checkpoint_io.CheckpointReadError: cannot read checkpoint broken/checkpoint_last.pt (3000 bytes)"), last
+    assert last.startswith("fairseq_lightseq.checkpoints.io.CheckpointReadError: cannot read checkpoint broken/checkpoint_last.pt (3000 bytes)"), last
     assert "truncated or corrupted" in last and "--restore-file" in last
     assert "_pickle" not in last
 

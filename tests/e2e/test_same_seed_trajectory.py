@@ -14,7 +14,7 @@ import os
 
 import pytest
 
-from fairseq_lightseq.families import PREFIX
+from fairseq_lightseq.models.families import PREFIX
 from support.cli import USER_DIR, corpus_once, lm_train_args, make_lm_data_bin, train_args
 from support.roberta import roberta_corpus_once
 from support.train_inprocess import train_losses

@@ -2,7 +2,7 @@
 converted with `scripts/convert_checkpoint.py --to fairseq` to our hypotheses, but on torch >= 2.6
 only with TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1: fairseq's translation checkpoints, its own included,
 record the legacy model's config as an `argparse.Namespace`, which torch's safe loader refuses in a
-process that has not imported the plugin (fairseq_lightseq/checkpoint_safety.py allows it). The same
+process that has not imported the plugin (fairseq_lightseq/checkpoints/safety.py allows it). The same
 command with --user-dir fairseq_lightseq needs no variable. (Language models: tests/e2e/test_lm_cli.py;
 their converted config is a plain dict, which loads without the variable.) Marked `e2e`."""
 import pytest

@@ -4,18 +4,17 @@ is the union of kernel intervals over the window; the fused AdamW baseline is fa
 family table gives every side of every family its arguments."""
 import json
 import os
-import sys
 from types import SimpleNamespace
 
 import pytest
 import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(ROOT, "scripts"))
 
-from bench_support.fused_adamw import BenchFusedAdamW  # noqa: E402
-from bench_support.saved_bytes import SavedBytes  # noqa: E402
-from bench_support.timing import _busy_fraction  # noqa: E402
+from scripts.bench_support.fused_adamw import BenchFusedAdamW
+from scripts.bench_support.provenance import record
+from scripts.bench_support.saved_bytes import SavedBytes
+from scripts.bench_support.timing import _busy_fraction
 
 
 def test_saved_bytes_counts_each_storage_once_and_skips_parameters():
@@ -93,11 +92,11 @@ def test_every_family_gives_each_side_its_model_criterion_and_optimizer(family, 
     own training parser into the family's task, ours or fairseq's arch and criterion, and the side's
     optimizer; the tiny width sets every stack (and the LM's input/output dims)."""
     from fairseq import options
-    from fairseq_lightseq.families import FAMILIES as LIBRARY
+    from fairseq_lightseq.models.families import FAMILIES as LIBRARY
 
-    from bench_support.families import FAMILIES, tiny_width_args
-    from bench_support.fused_adamw import register
-    from bench_support.sides import train_args
+    from scripts.bench_support.families import FAMILIES, tiny_width_args
+    from scripts.bench_support.fused_adamw import register
+    from scripts.bench_support.sides import train_args
 
     register()
     fam = FAMILIES[family]
@@ -117,3 +116,19 @@ def test_every_family_gives_each_side_its_model_criterion_and_optimizer(family, 
     if fam.seq_len:
         assert ns.tokens_per_sample == 512
     assert fam.stacks == {"translation": ("encoder", "decoder"), "lm": ("decoder",), "roberta": ("encoder",)}[family]
+
+
+def test_a_benchmark_record_names_the_commit_and_no_machine_path(tmp_path):
+    """What every benchmark JSON gets (bench_support/provenance.py): the measured tree's HEAD, and its
+    checkout, the temporary directory and the home directory replaced by placeholders."""
+    import subprocess
+    import tempfile
+
+    head = subprocess.run(["git", "-C", ROOT, "rev-parse", "HEAD"], capture_output=True, text=True, check=True)
+    res = record({"repo": ROOT, "argv": ["--json", os.path.join(tempfile.gettempdir(), "x.json")],
+                  "nested": {"data_bin": os.path.join(os.path.expanduser("~"), "bins", "wmt"), "n": 3}}, ROOT)
+    assert res["commit"] == head.stdout.strip() and isinstance(res["dirty"], bool)
+    assert res["repo"] == "<repo>" and res["argv"] == ["--json", "<tmp>/x.json"]
+    assert res["nested"] == {"data_bin": "<home>/bins/wmt", "n": 3}
+    outside = record({"repo": str(tmp_path)}, str(tmp_path))  # not a git checkout
+    assert outside["commit"] is None and outside["dirty"] is None

@@ -19,8 +19,7 @@ from fairseq_lightseq.models.ls_transformer import LSTransformerModel
 from support.models import TINY, build, make_task
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(ROOT, "scripts"))
-import convert_checkpoint  # noqa: E402
+from scripts import convert_checkpoint  # noqa: E402
 
 
 def fairseq_like_state(model, arch, omegaconf_cfg=False):

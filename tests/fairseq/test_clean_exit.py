@@ -1,4 +1,4 @@
-"""fairseq_lightseq.clean_exit.stop_data_buffer_threads stops fairseq's data-buffer threads (real
+"""fairseq_lightseq.patches.clean_exit.stop_data_buffer_threads stops fairseq's data-buffer threads (real
 BufferedIterators) whether they are blocked on a full buffer or busy producing, and leaves nothing
 alive. (That importing fairseq_lightseq registers it with atexit, and that this keeps fairseq-train
 from aborting, is tested through the command line in tests/e2e/test_clean_exit_cli.py.)"""
@@ -8,7 +8,7 @@ import time
 import torch
 from fairseq.data.iterators import BackgroundConsumer, BufferedIterator
 
-from fairseq_lightseq import clean_exit
+from fairseq_lightseq.patches import clean_exit
 
 
 class TorchBatches:

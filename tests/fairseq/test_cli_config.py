@@ -1,4 +1,4 @@
-"""fairseq_lightseq.cli_config: `--bf16` no longer implies `--tpu` (an explicit TPU request is kept);
+"""fairseq_lightseq.patches.cli_config: `--bf16` no longer implies `--tpu` (an explicit TPU request is kept);
 `--fp16` on a CPU keeps an fp32 master copy per parameter; torchrun's environment sets up a CPU run. fairseq's own argument parsing and config conversion, then
 fairseq's call_main as the CLIs call it."""
 import pytest
@@ -8,7 +8,7 @@ import fairseq_lightseq  # noqa: F401  (installs the call_main wrapper)
 from fairseq import options
 from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 from fairseq.distributed import utils as distributed_utils
-from fairseq_lightseq import cli_config
+from fairseq_lightseq.patches import cli_config
 from fairseq_lightseq.optim.ls_adam import LSAdam
 
 
@@ -130,7 +130,7 @@ def test_bf16_on_an_evaluation_command_warns_that_it_runs_fp32(caplog):
     assert cli_config.command_of(lambda c: None) is None
     cfg, _ = parsed("--bf16")
     assert not cli_config.warn_bf16_evaluates_in_fp32(cfg, fairseq_cli.train.main)
-    with caplog.at_level("WARNING", logger="fairseq_lightseq.cli_config"):
+    with caplog.at_level("WARNING", logger="fairseq_lightseq.patches.cli_config"):
         assert cli_config.warn_bf16_evaluates_in_fp32(cfg, fairseq_cli.eval_lm.main)
     assert "--bf16: fairseq-eval-lm runs the model in float32" in caplog.text
     cfg, _ = parsed("--fp16")

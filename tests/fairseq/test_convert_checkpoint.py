@@ -4,7 +4,7 @@ optimizer_history entry), limited by --parts, and leaves names without a counter
 checkpoint is the shape fairseq-train writes for the legacy `transformer` model. On an unreadable
 input (random bytes, a short text file, a truncated checkpoint, no file) it and
 scripts/average_checkpoints.py end with one line naming the file and what to do, as fairseq-generate
-says it (fairseq_lightseq/checkpoint_io.py), exit status 1, no traceback."""
+says it (fairseq_lightseq/checkpoints/io.py), exit status 1, no traceback."""
 import argparse
 import os
 import sys
@@ -13,8 +13,7 @@ import pytest
 
 from support import ROOT
 
-sys.path.insert(0, os.path.join(ROOT, "scripts"))
-import convert_checkpoint  # noqa: E402
+from scripts import convert_checkpoint
 
 
 def native_state(optimizer="adam", optimizer_class="FairseqAdam", wrapper=None):
@@ -102,7 +101,7 @@ def test_main_reports_the_changes(tmp_path, capsys):
      "SentencePredictionCriterion"),  # fine-tuning: fairseq's criterion on both sides
 ])
 def test_roberta_names_both_ways(arch, criterion, criterion_class, ls_criterion, ls_class):
-    """The masked_lm family through the same table (fairseq_lightseq/families.py): no branch of its own."""
+    """The masked_lm family through the same table (fairseq_lightseq/models/families.py): no branch of its own."""
     state = native_state()
     model = state["cfg"]["model"]
     model._name = model.arch = arch

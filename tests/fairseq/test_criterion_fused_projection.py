@@ -3,8 +3,6 @@ fairseq's criterion API: the model returns features, ops.linear_label_smoothed_c
 and takes the loss chunk by chunk, and the result (loss, nll_loss, logging outputs, every parameter's
 gradient) equals fairseq's own label_smoothed_cross_entropy on the model's logits, while no
 [tokens, V] tensor is kept for backward."""
-import os
-import sys
 
 import pytest
 import torch
@@ -15,9 +13,7 @@ from fairseq_lightseq.criterions.ls_label_smoothed_cross_entropy import LsLabelS
 from fairseq_lightseq.models.ls_transformer import LSTransformerModel
 from support.models import batch, build, make_task, pair, perturb_
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
-                                "scripts"))
-from bench_support.saved_bytes import SavedBytes  # noqa: E402  (what scripts/benchmark.py counts)
+from scripts.bench_support.saved_bytes import SavedBytes  # (what scripts/benchmark.py counts)
 
 
 def _sample(task, seed=1, B=4, S=7, T=9):

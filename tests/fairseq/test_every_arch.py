@@ -14,7 +14,7 @@ import torch
 
 from fairseq import options, tasks
 from fairseq.models import ARCH_MODEL_REGISTRY
-from fairseq_lightseq.families import FAMILIES, PREFIX, family_of
+from fairseq_lightseq.models.families import FAMILIES, PREFIX, family_of
 
 from support.cli import USER_DIR
 from support.lm import lm_batch

@@ -81,7 +81,7 @@ def test_right_padded_source_and_batch_of_one():
 
 def test_sdpa_path_matches_fairseq(monkeypatch):
     """The fused-attention route (CUDA's default) checked on CPU: same logits and gradients."""
-    monkeypatch.setattr(multihead_attention, "SDPA_MODE", "always")
+    monkeypatch.setattr(multihead_attention.LSMultiheadAttention, "attention_mode", "sdpa")
     task = make_task()
     ref, ours = pair(task, encoder_normalize_before=True)
     src, lens, tgt = batch(task, B=4, S=9, T=7)

@@ -1,11 +1,11 @@
-"""fairseq_lightseq/families.py: every family's ls_<arch> is registered for its model with exactly the
+"""fairseq_lightseq/models/families.py: every family's ls_<arch> is registered for its model with exactly the
 defaults of fairseq's <arch>, and the name lookups the checkpoint converter relies on."""
 import argparse
 
 import pytest
 
 from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_REGISTRY, MODEL_REGISTRY
-from fairseq_lightseq.families import FAMILIES, family_of
+from fairseq_lightseq.models.families import FAMILIES, family_of
 
 # fairseq's plain transformer_lm has no arch function (its dataclass's defaults; test_lm_model checks ours)
 NO_ARCH_FUNCTION = {"ls_transformer_lm"}

@@ -3,7 +3,7 @@ ls_adam update (through fairseq's criterion and optimizer objects; fairseq's own
 
 On CPU a sync cannot be observed, so the test catches what would be one on a GPU: a call of
 Tensor.item / __bool__ / __float__ / __int__ made from a frame inside fairseq_lightseq. The one
-allowed conversion is _backend.next_seed, the dropout seed drawn from torch's CPU generator (a
+allowed conversion is ops.dropout_stream.next_seed, the dropout seed drawn from torch's CPU generator (a
 CPU tensor whatever the model's device: never a device sync; one per encoder/decoder forward).
 On CUDA the step runs under torch.cuda.set_sync_debug_mode("error")."""
 import argparse
@@ -20,7 +20,7 @@ from fairseq_lightseq.models.ls_transformer import LSTransformerModel
 from fairseq_lightseq.optim import LSAdam
 
 PACKAGE = os.path.dirname(os.path.abspath(fairseq_lightseq.__file__))
-ALLOWED = {("_backend.py", "next_seed")}
+ALLOWED = {("dropout_stream.py", "next_seed")}
 CONVERSIONS = ("item", "__bool__", "__float__", "__int__", "__index__")
 
 
@@ -101,7 +101,7 @@ def test_train_step_converts_no_tensor_to_a_python_value(monkeypatch, normalize_
 
 def test_the_spy_sees_a_conversion_inside_the_package(monkeypatch):
     """The check above can fail: a conversion made by our code is recorded."""
-    from fairseq_lightseq.ops import _backend
+    from fairseq_lightseq.ops import dropout_stream
 
     seen = []
     original = torch.Tensor.__int__
@@ -111,9 +111,9 @@ def test_the_spy_sees_a_conversion_inside_the_package(monkeypatch):
         return original(self)
 
     monkeypatch.setattr(torch.Tensor, "__int__", spy)
-    _backend.next_seed()
+    dropout_stream.next_seed()
     monkeypatch.undo()
-    assert seen and seen[0][:2] == ("_backend.py", "next_seed")
+    assert seen and seen[0][:2] == ("dropout_stream.py", "next_seed")
 
 
 def test_tensor_scale_divides_the_grads_as_a_float_scale():

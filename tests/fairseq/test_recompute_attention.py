@@ -1,14 +1,25 @@
-"""--ls-recompute-attention: each family's default (translation recomputes q, k, v in backward; the LM
+"""The attention options of every ls_* model.
+
+--ls-recompute-attention: each family's default (translation recomputes q, k, v in backward; the LM
 and RoBERTa keep them), the option overriding it at build, fairseq's own parser taking it, and the same
-training gradients either way."""
+training gradients either way.
+
+--ls-attention: which attention runs (auto: the device's choice; sdpa: torch's fused attention;
+explicit: the fused-softmax path), set at build on every attention module, taken by fairseq's own parser
+for every family, a bad value refused naming the option, and the two paths giving the same output and
+gradients without dropout."""
 import pytest
 import torch
+from torch.nn import functional as F
 
 from fairseq import options
+from fairseq_lightseq.models.common import set_attention_mode
 from fairseq_lightseq.models.ls_roberta import LSRobertaModel
 from fairseq_lightseq.models.ls_transformer import LSTransformerModel
 from fairseq_lightseq.models.ls_transformer_lm import LSTransformerLanguageModel
-from fairseq_lightseq.modules.transformer_layer import _TransformerLayerBase
+from fairseq_lightseq.modules import transformer_layer
+from fairseq_lightseq.modules.multihead_attention import LSMultiheadAttention
+from fairseq_lightseq.modules.transformer_layer import TransformerLayerBase
 
 from support.lm import build_lm, lm_batch
 from support.models import build, make_task
@@ -16,7 +27,7 @@ from support.roberta import build_roberta, make_mlm_task
 
 
 def _flags(model):
-    flags = {m.recompute_attention for m in model.modules() if isinstance(m, _TransformerLayerBase)}
+    flags = {m.recompute_attention for m in model.modules() if isinstance(m, TransformerLayerBase)}
     assert len(flags) == 1
     return flags.pop()
 
@@ -60,3 +71,55 @@ def test_lm_gradients_do_not_depend_on_the_option():
         grads.append([p.grad.clone() for p in model.parameters()])
     for a, b in zip(*grads):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+
+
+# ---- --ls-attention ---------------------------------------------------------------------------------
+def _modes(model):
+    return {m.attention_mode for m in model.modules() if isinstance(m, LSMultiheadAttention)}
+
+
+@pytest.mark.parametrize("family", ["translation", "lm", "roberta"])
+def test_build_sets_every_attention_module(family):
+    assert _modes(_build(family)) == {"auto"}
+    assert _modes(_build(family, ls_attention="explicit")) == {"explicit"}
+    assert _modes(_build(family, ls_attention="sdpa")) == {"sdpa"}
+
+
+def test_a_bad_mode_names_the_option():
+    with pytest.raises(ValueError, match=r"--ls-attention must be one of auto, sdpa, explicit, got 'fast'"):
+        set_attention_mode(_build("lm"), "fast")
+
+
+@pytest.mark.parametrize("arch,task", [("ls_transformer", "translation"), ("ls_transformer_lm", "language_modeling"),
+                                       ("ls_roberta", "masked_lm")])
+def test_fairseq_parser_takes_the_attention_mode(arch, task, tmp_path, capsys):
+    parse = lambda *extra: options.parse_args_and_arch(options.get_training_parser(), input_args=[  # noqa: E731
+        str(tmp_path), "--task", task, "--arch", arch, "--user-dir", "fairseq_lightseq", *extra])
+    assert parse("--ls-attention", "sdpa").ls_attention == "sdpa"
+    assert getattr(parse(), "ls_attention", None) is None  # fairseq leaves an unset model option out
+    with pytest.raises(SystemExit):
+        parse("--ls-attention", "fast")
+    assert "--ls-attention: invalid choice: 'fast'" in capsys.readouterr().err
+
+
+def test_the_modes_run_the_path_they_name(monkeypatch):
+    """sdpa calls torch's SDPA and explicit never does; the loss and gradients agree (no dropout). The
+    per-op chain (the compiled blocks call SDPA from C++, which a Python spy does not see)."""
+    monkeypatch.setattr(transformer_layer, "_blocks_have_kernels", lambda device_type: False)
+    task = make_task()
+    model = build_lm(LSTransformerLanguageModel, task).double()
+    tokens, _ = lm_batch(task)
+    calls, sdpa = [], F.scaled_dot_product_attention
+    monkeypatch.setattr(F, "scaled_dot_product_attention", lambda *a, **k: calls.append(1) or sdpa(*a, **k))
+    results = {}
+    for mode in ("explicit", "sdpa"):
+        set_attention_mode(model, mode)
+        calls.clear()
+        model.zero_grad()
+        out = model(tokens)[0]
+        out.float().logsumexp(-1).sum().backward()
+        results[mode] = (out.detach(), [p.grad.clone() for p in model.parameters() if p.grad is not None])
+        assert bool(calls) is (mode == "sdpa")
+    torch.testing.assert_close(results["explicit"][0], results["sdpa"][0])
+    for a, b in zip(results["explicit"][1], results["sdpa"][1]):
+        torch.testing.assert_close(a, b)

@@ -6,7 +6,7 @@ import sys
 import pytest
 
 from support import ROOT
-from fairseq_lightseq.requirements import fairseq_problem, parse_version
+from fairseq_lightseq.patches.requirements import fairseq_problem, parse_version
 
 
 @pytest.mark.parametrize("text,expected", [("0.12.3.1", (0, 12, 3, 1)), ("0.12.2", (0, 12, 2)),

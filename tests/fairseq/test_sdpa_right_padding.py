@@ -1,7 +1,7 @@
 """Causal self-attention over right-padded rows under torch SDPA runs without the key padding mask
 (ops.blocks.attention.sdpa_key_padding_mask): SDPA's causal flag (or, for an allgather rank's queries, the
 lower-right band) instead of a [B, 1, Tq, Tk] band minus the pad keys. Checked here, float64, SDPA on the
-CPU (SDPA_MODE = "always", dropouts 0):
+CPU (--ls-attention sdpa, dropouts 0):
 
 - the padding side comes from the task at build (language_modeling: right; translation: right unless
   --left-pad-target; anything else: unknown, mask kept);
@@ -24,7 +24,7 @@ from fairseq.tasks.translation import TranslationConfig, TranslationTask
 
 from fairseq_lightseq.models.common import right_padded_targets
 from fairseq_lightseq.modules import multihead_attention, transformer_layer
-from fairseq_lightseq.ops.blocks.attention import _sdpa_mask, sdpa_key_padding_mask
+from fairseq_lightseq.ops.blocks.attention import sdpa_mask, sdpa_key_padding_mask
 
 from support.dist import run
 from support.models import TINY, batch, make_dict, make_task, perturb_
@@ -143,10 +143,10 @@ def test_padding_side_comes_from_the_task():
 
 
 @pytest.mark.parametrize("Tq,Tk", [(1, 6), (4, 4), (3, 7)])
-def test_sdpa_mask_without_padding_is_the_lower_right_band(Tq, Tk):
+def testsdpa_mask_without_padding_is_the_lower_right_band(Tq, Tk):
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(2, 3, n, 8, generator=g, dtype=torch.float64) for n in (Tq, Tk, Tk))
-    mask, is_causal = _sdpa_mask(None, True, Tq, Tk, q.device)
+    mask, is_causal = sdpa_mask(None, True, Tq, Tk, q.device)
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal)
     band = torch.ones(Tq, Tk, dtype=torch.bool).tril(Tk - Tq)
     torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v, attn_mask=band), rtol=1e-12, atol=1e-12)
@@ -167,7 +167,7 @@ def test_lower_right_band_on_cuda_keeps_no_mask(dtype):
     results, saved = [], []
     for lower_right in (True, False):
         q, k, v = (t.clone().requires_grad_() for t in inputs)
-        mask, is_causal = _sdpa_mask(None, True, Tq, Tk, q.device) if lower_right else (band, False)
+        mask, is_causal = sdpa_mask(None, True, Tq, Tk, q.device) if lower_right else (band, False)
         with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(tuple(t.shape)) or t, lambda t: t):
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal)
         if lower_right:
@@ -184,7 +184,7 @@ def test_lower_right_band_on_cuda_keeps_no_mask(dtype):
 
 @pytest.mark.parametrize("family,shape", [("lm", (9,)), ("translation", (7, 6))])
 def test_real_rows_and_gradients_equal_the_masked_run(family, shape, monkeypatch):
-    monkeypatch.setattr(multihead_attention, "SDPA_MODE", "always")
+    monkeypatch.setattr(multihead_attention.LSMultiheadAttention, "attention_mode", "sdpa")
     assert transformer_layer._blocks_have_kernels("cpu"), "needs the compiled CPU kernels"
     task = _translation_task() if family == "translation" else _lm_task()
     model, criterion = _model(family, task), _criterion(family, task)
@@ -209,7 +209,7 @@ def test_real_rows_and_gradients_equal_the_masked_run(family, shape, monkeypatch
 
 
 def test_the_python_path_calls_sdpa_with_its_causal_flag_and_no_mask(monkeypatch):
-    monkeypatch.setattr(multihead_attention, "SDPA_MODE", "always")
+    monkeypatch.setattr(multihead_attention.LSMultiheadAttention, "attention_mode", "sdpa")
     monkeypatch.setattr(transformer_layer, "_blocks_have_kernels", lambda device_type: False)
     calls, sdpa = [], F.scaled_dot_product_attention
 
@@ -236,14 +236,14 @@ def test_left_padded_targets_keep_the_mask(monkeypatch):
     rows = _decoder_rows(sample)
     assert not rows[:, 0].all(), "the batch must have left padding"
     runs = {}
-    for mode in ("never", "always"):
-        monkeypatch.setattr(multihead_attention, "SDPA_MODE", mode)
+    for mode in ("explicit", "sdpa"):
+        monkeypatch.setattr(multihead_attention.LSMultiheadAttention, "attention_mode", mode)
         runs[mode] = _run(model, criterion, sample)
-    _assert_same_real_rows(runs["never"], runs["always"], rows, tol=1e-10)
+    _assert_same_real_rows(runs["explicit"], runs["sdpa"], rows, tol=1e-10)
     # without the mask real queries would reach the pad keys before them
     model.decoder.right_padded = True
     wrong = _run(model, criterion, sample)
-    assert (wrong[0][rows] - runs["always"][0][rows]).abs().max() > 1e-3
+    assert (wrong[0][rows] - runs["sdpa"][0][rows]).abs().max() > 1e-3
 
 
 # ---- sequence parallelism -----------------------------------------------------------------------------
@@ -298,7 +298,7 @@ def _saved_masks(P, mode, right_padded):
 
 
 def _sp_checks(P):
-    multihead_attention.SDPA_MODE = "always"
+    multihead_attention.LSMultiheadAttention.attention_mode = "sdpa"
     worst = 0.0
     for mode in ("ulysses", "allgather"):
         for family, shapes in (("lm", ((7,), (3,))), ("translation", ((7, 5), (5, 3)))):

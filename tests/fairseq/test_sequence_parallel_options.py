@@ -76,7 +76,7 @@ def _build_as_torchrun_records(family):
     """Builds the model in a 2-rank SP run whose namespace says 1 process (what fairseq records under
     torchrun); returns the world size the built model's args then record."""
     from support.lm import lm_args
-    from fairseq_lightseq.families import FAMILIES
+    from fairseq_lightseq.models.families import FAMILIES
     from fairseq.models import MODEL_REGISTRY
 
     if family == "lm":

@@ -23,7 +23,6 @@ from support.models import batch, build, make_task, perturb_
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 USER_DIR = os.path.join(ROOT, "fairseq_lightseq")
-sys.path.insert(0, os.path.join(ROOT, "scripts"))
 
 DROPOUTS = dict(dropout=0.1, attention_dropout=0.1, activation_dropout=0.1)
 
@@ -221,9 +220,9 @@ def test_cli_ema_checkpoint_loads(data_bin, tmp_path, baseline):
 
 # ------------------------------------------------------------------------- fairseq Trainer, bf16
 def _trainer_losses(data_bin, precision, device="cpu", steps=3):
-    from bench_support.corpus import draw_pool
-    from bench_support.families import FAMILIES
-    from bench_support.sides import build_trainer, train_args
+    from scripts.bench_support.corpus import draw_pool
+    from scripts.bench_support.families import FAMILIES
+    from scripts.bench_support.sides import build_trainer, train_args
 
     args = train_args(FAMILIES["translation"], data_bin, ROOT, "ls", "base", device, precision, (400, None),
                       layers=1, extra=[

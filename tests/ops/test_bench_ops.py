@@ -3,7 +3,6 @@ compositions it times us against compute what the ops compute, paying for a line
 does; on CUDA its kernel timer agrees with CUDA events on a copy, whose device time is all kernel."""
 import json
 import os
-import sys
 
 import pytest
 import torch
@@ -11,8 +10,7 @@ import torch
 from fairseq_lightseq import info
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(REPO, "scripts"))
-import bench_ops  # noqa: E402
+from scripts import bench_ops  # noqa: E402  (the source tree is on sys.path: tests/conftest.py)
 
 OPS = {c[0] for c in bench_ops.cases(bench_ops.SHAPES["tiny"], "cpu", torch.float32)}  # the case names
 
@@ -31,7 +29,7 @@ def test_bench_ops_runs_every_op_cpu(tmp_path):
 
 
 def test_every_public_op_is_benchmarked():
-    """The checklist (docs/adding_an_op.md) makes a bench entry part of a new family: every public op is a
+    """The checklist (docs/adding_an_op.md) makes a bench entry part of a new op group: every public op is a
     case of bench_ops.cases() (a name or "name[variant]") or is listed in TIMED_ELSEWHERE with a script
     that exists."""
     public = set(info.public_ops())

@@ -102,7 +102,7 @@ def test_encoder_layer_blocks_match_per_op_chain(normalize_before, dtype, sdpa, 
     """Explicit and SDPA attention, q, k, v kept or projected again in backward (SDPA without attention
     dropout then reruns its forward; with it the graph is kept); SDPA's dropout mask comes from torch's
     generator, seeded alike before both runs."""
-    monkeypatch.setattr(multihead_attention, "SDPA_MODE", sdpa[:6])
+    monkeypatch.setattr(multihead_attention.LSMultiheadAttention, "attention_mode", "sdpa" if sdpa.startswith("always") else "explicit")
     layer = _layer_pair(LSTransformerEncoderLayer, normalize_before=normalize_before).to(dtype).train()
     layer.recompute_attention = recompute
     if sdpa == "always":
@@ -178,7 +178,7 @@ def test_explicit_blocks_run_their_compiled_ops(monkeypatch):
             self.names.append(func.__name__.split(".")[0])
             return func(*args, **(kwargs or {}))
 
-    monkeypatch.setattr(multihead_attention, "SDPA_MODE", "never")
+    monkeypatch.setattr(multihead_attention.LSMultiheadAttention, "attention_mode", "explicit")
     layer = _layer_pair(LSTransformerDecoderLayer).train()
     x = randn(5, 3, 16, seed=1).requires_grad_()
     enc = randn(6, 3, 16, seed=2).requires_grad_()

@@ -210,7 +210,7 @@ def test_draw_sites_are_disjoint_stream_ranges():
     assert ops.draw(0.1, False) == ops.NO_DROPOUT
     assert ops.draw(0.0, True, SEED, 3) == ops.NO_DROPOUT
     a, b = ops.draw(0.1, True, SEED, 1), ops.draw(0.1, True, SEED, 2)
-    assert a.seed == b.seed == SEED and b.offset - a.offset == 1 << _backend.SITE_BITS
+    assert a.seed == b.seed == SEED and b.offset - a.offset == 1 << ops.SITE_BITS
 
 
 def test_traces_under_torch_compile_fake_tensors():

@@ -230,7 +230,7 @@ def test_dropout_kept_fraction_and_seeding():
     torch.manual_seed(3)
     assert torch.equal(a, ops.embedding(tok, w, pw, PAD, 16.0, p=p))
     torch.manual_seed(3)
-    assert torch.equal(a, reference.embedding(tok, w, pw, PAD, 16.0, p, _backend.next_seed()))
+    assert torch.equal(a, reference.embedding(tok, w, pw, PAD, 16.0, p, ops.next_seed()))
     # Eval mode and p=0 are the plain lookup; p=1 drops everything.
     plain = _run_kernel(tok, w, pw, 16.0, 0.0, seed=0)
     assert torch.equal(ops.embedding(tok, w, pw, PAD, 16.0, p=p, training=False), plain)

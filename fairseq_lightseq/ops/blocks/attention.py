@@ -8,7 +8,7 @@ size, and a layer built from per-op Functions and `F.linear` records ~20 nodes (
 and their backward nodes). Here the block is one compiled op with a C++ autograd node
 (csrc/ops/blocks.cpp): `attention_block` (explicit attention; its forward and backward are the ops
 `attention_block_fwd`/`_bwd`) or `attention_block_sdpa` (torch SDPA, CUDA's path), the GEMMs, views and
-fused ops called from C++ (about 1.5-5 us per tensor call less than from Python), and backward never
+fused ops called from C++ (cheaper per tensor call than from Python), and backward never
 enters Python. The per-op Functions stay the reference for this composition (tests compare the two)
 and serve what this path does not (autocast, devices or dtypes without kernels, incremental decoding,
 attention weights).
@@ -34,7 +34,7 @@ import torch
 import torch._guards
 
 from .. import _backend
-from .._backend import Dropout
+from ..dropout_stream import Dropout
 
 try:
     from torch.nn.attention.bias import causal_lower_right
@@ -70,7 +70,7 @@ OPS = ("layer_norm_fwd", "qkv_bias_split", "attention_softmax_fwd", "attention_d
        "bias_dropout_residual_fwd")
 
 
-def _heads(t: torch.Tensor, num_heads: int) -> torch.Tensor:
+def split_heads(t: torch.Tensor, num_heads: int) -> torch.Tensor:
     """[T, B, E] (any strides with a unit last stride) -> contiguous [B*H, T, hd]."""
     T, B, E = t.shape
     return t.reshape(T, B * num_heads, E // num_heads).transpose(0, 1).contiguous()
@@ -94,14 +94,14 @@ def sdpa_key_padding_mask(key_padding_mask: Optional[torch.Tensor], causal: bool
       ignores pad targets; so the loss, and every gradient (a pad row's gradient is exactly zero, in
       either version), are the masked version's.
     What it saves: SDPA then runs with its causal flag (or the lower-right band for a sequence-parallel
-    allgather rank's queries; _sdpa_mask) instead of keeping a [B, 1, Tq, Tk] mask per layer for backward.
+    allgather rank's queries; sdpa_mask) instead of keeping a [B, 1, Tq, Tk] mask per layer for backward.
     Left-padded or unknown rows keep the mask: there a real query does reach pad keys."""
     if causal and right_padded:
         return None
     return key_padding_mask
 
 
-def _sdpa_mask(key_padding_mask: Optional[torch.Tensor], causal: bool, Tq: int, Tk: int,
+def sdpa_mask(key_padding_mask: Optional[torch.Tensor], causal: bool, Tq: int, Tk: int,
                device: Optional[torch.device] = None):
     """SDPA's attn_mask (boolean [B, 1, Tq, Tk], True = attend, or torch's CausalBias) and is_causal flag.
 
@@ -140,7 +140,7 @@ def _lower_right_band(Tq: int, Tk: int, device: Optional[torch.device]):
 
 def sdpa_supported(causal: bool, Tq: int, Tk: int, compiled: bool = False) -> bool:
     """Whether SDPA's masks express this attention without a padding mask: causal needs Tq <= Tk in
-    _sdpa_mask; the compiled block's C++ sdpa_mask (compiled=True) has no lower-right band, so there
+    sdpa_mask; the compiled block's C++ sdpa_mask (compiled=True) has no lower-right band, so there
     causal needs Tq == Tk or Tq == 1."""
     return not causal or Tq == Tk or Tq == 1 or (Tq < Tk and not compiled)
 

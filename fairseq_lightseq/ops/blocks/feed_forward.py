@@ -13,7 +13,7 @@ from typing import NamedTuple
 import torch
 
 from .. import _backend
-from .._backend import Dropout
+from ..dropout_stream import Dropout
 
 
 class FeedForwardBlockConfig(NamedTuple):

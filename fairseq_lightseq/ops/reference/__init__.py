@@ -4,6 +4,6 @@ and they run whenever the compiled library (or its kernel for a device) is absen
 Each module lists its public names in `__all__`; this package exports them all."""
 import sys
 
-from .. import _families
+from .. import _groups
 
-_families.export_families(sys.modules[__name__])
+_groups.export_all(sys.modules[__name__], _groups.public_modules(sys.modules[__name__]))

@@ -7,5 +7,10 @@ import types
 
 import numpy
 
-if not hasattr(numpy, "compat"):
-    numpy.compat = types.SimpleNamespace(long=int)
+from .wrap import replace
+
+
+def install() -> None:
+    """Adds numpy.compat (with `long`) where numpy lacks it (idempotent)."""
+    if not hasattr(numpy, "compat"):
+        replace(numpy, "compat", types.SimpleNamespace(long=int))

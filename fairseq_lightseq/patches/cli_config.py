@@ -47,6 +47,8 @@ from typing import Optional, Sequence
 import torch
 from fairseq.distributed import utils as distributed_utils
 
+from .wrap import wrap
+
 logger = logging.getLogger(__name__)
 
 TORCHRUN_VARS = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK")
@@ -141,15 +143,9 @@ def _wrap_call_main(call_main):
         infer_torchrun_on_cpu(cfg)
         unflatten_fp16_on_cpu(cfg)
         return call_main(cfg, main, **kwargs)
-    wrapped.__doc__ = call_main.__doc__
-    wrapped._fls_wrapped = call_main
     return wrapped
 
 
 def install() -> None:
     """Wraps fairseq.distributed.utils.call_main (idempotent)."""
-    if not hasattr(distributed_utils.call_main, "_fls_wrapped"):
-        distributed_utils.call_main = _wrap_call_main(distributed_utils.call_main)
-
-
-install()
+    wrap(distributed_utils, "call_main", _wrap_call_main)

@@ -1,33 +1,26 @@
-"""Checkpoint files that fail clearly and are never half-overwritten.
+"""Checkpoint files that fail clearly: the errors for a missing or damaged checkpoint, and the reader
+the scripts use.
 
-What fairseq (0.12.3.1) already does, and what this module adds (installed on import, i.e. by
-`--user-dir fairseq_lightseq`; it only wraps functions of `fairseq.checkpoint_utils`):
-
-* Writing. `checkpoint_utils.torch_persistent_save` writes `NAME.tmp` and renames it over `NAME`,
-  so a failed `torch.save` (disk full, killed process) leaves the previous `NAME` intact. Two gaps:
-  the failed `NAME.tmp` stays behind (we delete it), and `save_checkpoint` then *copies* the first
-  file to the others (`checkpoint_last.pt`, `checkpoint_best.pt`) with `shutil.copyfile` straight
-  onto the destination, so a copy that fails midway truncates the previous `checkpoint_last.pt`.
-  We make that copy atomic too (copy to `DST.tmp`, then `os.replace`).
-* Reading. `checkpoint_utils.load_checkpoint_to_cpu` (used by fairseq-train to resume and by
-  fairseq-generate/average to load) calls `torch.load`; a truncated or corrupted file surfaces as
-  a zip-reader or unpickling traceback that does not say which file or what to do. We raise
-  `CheckpointReadError` (a RuntimeError) naming the file, its size, the cause and the remedy.
-  torch's safe loader refusing a foreign object (`Unsupported global`, see checkpoint_safety) is
-  a different problem and is passed on unchanged.
+* Reading. fairseq's `checkpoint_utils.load_checkpoint_to_cpu` (used by fairseq-train to resume and by
+  fairseq-generate/average to load) calls `torch.load`; a truncated or corrupted file surfaces as a
+  zip-reader or unpickling traceback that does not say which file or what to do. Under `read_errors`
+  (which patches/checkpoint_io.py puts around fairseq's loader) it becomes `CheckpointReadError` (a
+  RuntimeError) naming the file, its size, the cause and the remedy. torch's safe loader refusing a
+  foreign object (`Unsupported global`, see checkpoints/safety.py) is a different problem and is passed
+  on unchanged.
 * The scripts (scripts/convert_checkpoint.py, scripts/average_checkpoints.py) read through
   `load_file` / `require_file` here and end under `exit_on_read_error`, so a missing or damaged
   input gives the same message as fairseq-generate, as one line (exit status 1, no traceback).
+
+Writing (no half-overwritten checkpoint_last.pt) is a fix to fairseq's own functions:
+patches/checkpoint_io.py.
 """
 import contextlib
 import os
 import pickle
-import shutil
 import zipfile
 
 import torch
-from fairseq import checkpoint_utils
-from fairseq.file_io import PathManager
 
 
 class CheckpointReadError(RuntimeError):
@@ -70,13 +63,13 @@ def _is_safe_loader_refusal(err: BaseException) -> bool:
     # "Unsupported global: GLOBAL x.Y was not an allowed global" / "unsupported GLOBAL posix.system whose
     # module posix is blocked" / "Can only build Tensor, ... or types allowlisted via `add_safe_globals`,
     # but got <class 'numpy.dtypes.ObjectDType'>": torch's safe loader naming a refused object (see
-    # checkpoint_safety)
+    # checkpoints/safety.py)
     msg = str(err).lower()
     return isinstance(err, pickle.UnpicklingError) and ("unsupported global" in msg or "add_safe_globals" in msg)
 
 
 @contextlib.contextmanager
-def _read_errors(path: str):
+def read_errors(path: str):
     """Turns a load error of the file `path` that means a damaged file into read_error's."""
     try:
         yield
@@ -99,7 +92,7 @@ def load_file(path: str):
     stored (without load_checkpoint_to_cpu's upgrades), raising CheckpointReadError for a missing or
     damaged file."""
     require_file(path)
-    with _read_errors(path):
+    with read_errors(path):
         return torch.load(path, map_location="cpu")
 
 
@@ -111,60 +104,3 @@ def exit_on_read_error(prog: str):
         yield
     except CheckpointReadError as e:
         raise SystemExit(f"{prog}: {e}") from None
-
-
-def _wrap_load(load):
-    def load_checkpoint_to_cpu(path, arg_overrides=None, load_on_all_ranks=False):
-        with _read_errors(path):
-            return load(path, arg_overrides, load_on_all_ranks)
-    load_checkpoint_to_cpu.__doc__ = load.__doc__
-    load_checkpoint_to_cpu._fls_wrapped = load
-    return load_checkpoint_to_cpu
-
-
-def _wrap_save(save):
-    def torch_persistent_save(obj, filename, async_write: bool = False):
-        try:
-            return save(obj, filename, async_write)
-        except BaseException:
-            if isinstance(filename, str) and os.path.exists(filename + ".tmp"):
-                try:
-                    os.remove(filename + ".tmp")  # the previous `filename` was not touched
-                except OSError:
-                    pass
-            raise
-    torch_persistent_save.__doc__ = save.__doc__
-    torch_persistent_save._fls_wrapped = save
-    return torch_persistent_save
-
-
-class AtomicCopyPathManager(PathManager):
-    """fairseq's PathManager whose `copy` of a local file never leaves a partial destination."""
-
-    @staticmethod
-    def copy(src_path: str, dst_path: str, overwrite: bool = False) -> bool:
-        if PathManager.path_requires_pathmanager(src_path) or PathManager.path_requires_pathmanager(dst_path):
-            return PathManager.copy(src_path, dst_path, overwrite)
-        if not overwrite and os.path.exists(dst_path):
-            return False
-        tmp = dst_path + ".tmp"
-        try:
-            shutil.copyfile(src_path, tmp)
-            os.replace(tmp, dst_path)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.remove(tmp)
-            raise
-        return True
-
-
-def install() -> None:
-    """Wraps fairseq.checkpoint_utils' load/save and its copy (idempotent)."""
-    if not hasattr(checkpoint_utils.load_checkpoint_to_cpu, "_fls_wrapped"):
-        checkpoint_utils.load_checkpoint_to_cpu = _wrap_load(checkpoint_utils.load_checkpoint_to_cpu)
-    if not hasattr(checkpoint_utils.torch_persistent_save, "_fls_wrapped"):
-        checkpoint_utils.torch_persistent_save = _wrap_save(checkpoint_utils.torch_persistent_save)
-    checkpoint_utils.PathManager = AtomicCopyPathManager
-
-
-install()

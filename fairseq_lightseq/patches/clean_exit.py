@@ -76,4 +76,8 @@ def stop_data_buffer_threads(timeout_s: float = TIMEOUT_S) -> int:
     return len(threads)
 
 
-atexit.register(stop_data_buffer_threads)
+def install() -> None:
+    """Registers stop_data_buffer_threads with atexit (idempotent: atexit runs a function registered
+    twice twice, so a second install unregisters the first)."""
+    atexit.unregister(stop_data_buffer_threads)
+    atexit.register(stop_data_buffer_threads)

@@ -45,4 +45,6 @@ def check_fairseq() -> None:
         raise ImportError(problem)
 
 
-check_fairseq()
+def install() -> None:
+    """The check, as the first patch (patches.install)."""
+    check_fairseq()

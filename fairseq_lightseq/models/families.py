@@ -1,5 +1,5 @@
 """The model families fairseq_lightseq implements, each next to fairseq's own: one table that the
-checkpoint converter (checkpoint_convert.py, behind scripts/convert_checkpoint.py) and the benchmarks
+checkpoint converter (checkpoints/convert.py, behind scripts/convert_checkpoint.py) and the benchmarks
 read, so that a new family is one entry here (plus its model and criterion files), not a branch in
 every script.
 
@@ -15,12 +15,12 @@ from fairseq.criterions.masked_lm import MaskedLmLoss
 from fairseq.models.transformer_lm import TransformerLanguageModelConfig
 from fairseq.optim.adam import FairseqAdam
 
-from .criterions.ls_cross_entropy import LsCrossEntropyCriterion
-from .criterions.ls_label_smoothed_cross_entropy import LsLabelSmoothedCrossEntropyCriterion
-from .criterions.ls_masked_lm import LsMaskedLmLoss
-from .models import ls_roberta, ls_transformer, ls_transformer_lm
-from .models.common import check_supported
-from .optim.ls_adam import LSAdam
+from ..criterions.ls_cross_entropy import LsCrossEntropyCriterion
+from ..criterions.ls_label_smoothed_cross_entropy import LsLabelSmoothedCrossEntropyCriterion
+from ..criterions.ls_masked_lm import LsMaskedLmLoss
+from . import ls_roberta, ls_transformer, ls_transformer_lm
+from .common import check_supported
+from ..optim.ls_adam import LSAdam
 
 PREFIX = "ls_"
 

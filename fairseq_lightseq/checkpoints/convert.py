@@ -5,7 +5,7 @@
 import argparse
 import dataclasses
 
-from .families import CRITERIA, OPTIMIZERS, PREFIX, family_of
+from ..models.families import CRITERIA, OPTIMIZERS, PREFIX, family_of
 
 PARTS = ("model", "criterion", "optimizer")
 # Config fields ls_adam has and fairseq's adam has not (ls_adam only accepts their defaults).

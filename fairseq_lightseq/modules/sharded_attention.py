@@ -28,11 +28,11 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .. import ops
-from ..ops._backend import Dropout
-from ..ops.blocks.attention import _heads
-from ..modules.multihead_attention import LSMultiheadAttention
-from .collectives import all_gather, all_to_all
-from .sharding import Shard
+from ..ops.dropout_stream import Dropout
+from ..ops.blocks.attention import split_heads
+from .multihead_attention import LSMultiheadAttention
+from ..sequence_parallel.collectives import all_gather, all_to_all
+from ..sequence_parallel.sharding import Shard
 
 
 def sharded_attention(attn: LSMultiheadAttention, x: Tensor, memory: Optional[Tensor], key_padding_mask: Tensor,
@@ -66,9 +66,9 @@ def _ulysses(attn, x, memory, key_padding_mask, causal, dropout, shard: Shard, k
         q, k, v = ops.qkv_bias_split(qkv.reshape(shard.padded, B, 3 * Hl * hd), b, Hl)  # [B*Hl, T_pad, hd]
     else:
         qh = all_to_all(F.linear(x, attn.q_proj.weight, attn.q_proj.bias).view(Tl, B, H, hd), 2, 0, shard.group)
-        q = _heads(qh.reshape(shard.padded, B, Hl * hd), Hl)
-        k = _heads(F.linear(memory, attn.k_proj.weight[mine], attn.k_proj.bias[mine]), Hl)
-        v = _heads(F.linear(memory, attn.v_proj.weight[mine], attn.v_proj.bias[mine]), Hl)
+        q = split_heads(qh.reshape(shard.padded, B, Hl * hd), Hl)
+        k = split_heads(F.linear(memory, attn.k_proj.weight[mine], attn.k_proj.bias[mine]), Hl)
+        v = split_heads(F.linear(memory, attn.v_proj.weight[mine], attn.v_proj.bias[mine]), Hl)
     coords = ops.AttentionCoords(H, h0, shard.total, 0, k_total, 0)
     out = _attend(attn, q, k, v, key_padding_mask, causal, dropout, coords, B, right_padded)  # [T_pad, B, Hl*hd]
     # [T_pad, B, H/P, hd] -> [Tl, B, H, hd]: every rank's heads for this rank's rows
@@ -89,9 +89,9 @@ def _allgather(attn, x, memory, key_padding_mask, causal, dropout, shard: Shard,
         k, v = kv[0, :, :keys], kv[1, :, :keys]
         key_padding_mask = key_padding_mask[:, :keys]
     else:
-        q = _heads(F.linear(x, attn.q_proj.weight, attn.q_proj.bias), H)
-        k = _heads(F.linear(memory, attn.k_proj.weight, attn.k_proj.bias), H)
-        v = _heads(F.linear(memory, attn.v_proj.weight, attn.v_proj.bias), H)
+        q = split_heads(F.linear(x, attn.q_proj.weight, attn.q_proj.bias), H)
+        k = split_heads(F.linear(memory, attn.k_proj.weight, attn.k_proj.bias), H)
+        v = split_heads(F.linear(memory, attn.v_proj.weight, attn.v_proj.bias), H)
     coords = ops.AttentionCoords(H, 0, shard.total, shard.start, k_total, 0)
     out = _attend(attn, q, k, v, key_padding_mask, causal, dropout, coords, B, right_padded)
     return F.linear(out, attn.out_proj.weight)
@@ -110,4 +110,4 @@ def _attend(attn: LSMultiheadAttention, q: Tensor, k: Tensor, v: Tensor, key_pad
     module's own attention (explicit with the coordinates, or SDPA)."""
     BH, _, hd = q.shape
     heads = [t.view(B, BH // B, -1, hd) for t in (q, k, v)]
-    return attn._attend(*heads, key_padding_mask, causal, False, dropout, coords, right_padded)[0]
+    return attn.attend(*heads, key_padding_mask, causal, False, dropout, coords, right_padded)[0]

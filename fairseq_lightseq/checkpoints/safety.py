@@ -79,5 +79,3 @@ def register() -> None:
     if add is not None:
         add(SAFE_GLOBALS)
 
-
-register()

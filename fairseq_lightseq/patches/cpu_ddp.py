@@ -10,6 +10,8 @@ torch asks; a CUDA module gets them unchanged.
 from fairseq.models import distributed_fairseq_model
 from torch.nn.parallel import DistributedDataParallel
 
+from .wrap import replace
+
 
 class DeviceAwareDDP(DistributedDataParallel):
     """torch's DistributedDataParallel; `device_ids`/`output_device` left out for a CPU module."""
@@ -22,7 +24,4 @@ class DeviceAwareDDP(DistributedDataParallel):
 
 def install() -> None:
     """Makes fairseq's DistributedFairseqModel build DeviceAwareDDP (idempotent)."""
-    distributed_fairseq_model.DistributedDataParallel = DeviceAwareDDP
-
-
-install()
+    replace(distributed_fairseq_model, "DistributedDataParallel", DeviceAwareDDP)

@@ -1,0 +1,38 @@
+"""Every fix the plugin makes to fairseq, torch or numpy when it is imported (`--user-dir
+fairseq_lightseq`), applied by `install()` in this order:
+
+1. `requirements`: fairseq 0.12 is there (first, so that a missing fairseq gives one clear error
+   before any other module imports it);
+2. `numpy_compat`: fairseq's `np.compat.long` under numpy 2;
+3. `checkpoints.safety.register`: torch's weights_only loader reads fairseq checkpoints (the
+   allowlist is checkpoint code, kept with it; registering it is torch's own API);
+4. `checkpoint_io`: clear errors for unreadable checkpoints, atomic copies;
+5. `cli_config`: `--bf16` without `--tpu`, `--fp16` and torchrun on the CPU;
+6. `cpu_ddp`: `--ddp-backend pytorch_ddp` on the CPU;
+7. `clean_exit`: fairseq's data-buffer threads stopped before exit.
+
+Each module says the defect it fixes and has an idempotent `install()`; every attribute they replace
+goes through `wrap.wrap` / `wrap.replace` (which record it in `wrap.PATCHED`). The modules are imported
+by `install()`, not here, so that importing this package (for `wrap`) imports no fairseq before the
+requirements check.
+"""
+import importlib
+
+__all__ = ["ORDER", "install"]
+
+# (module, function) applied by install(), in order
+ORDER = (
+    ("fairseq_lightseq.patches.requirements", "install"),
+    ("fairseq_lightseq.patches.numpy_compat", "install"),
+    ("fairseq_lightseq.checkpoints.safety", "register"),
+    ("fairseq_lightseq.patches.checkpoint_io", "install"),
+    ("fairseq_lightseq.patches.cli_config", "install"),
+    ("fairseq_lightseq.patches.cpu_ddp", "install"),
+    ("fairseq_lightseq.patches.clean_exit", "install"),
+)
+
+
+def install() -> None:
+    """Applies every patch of ORDER (idempotent)."""
+    for module, function in ORDER:
+        getattr(importlib.import_module(module), function)()
