@@ -16,7 +16,8 @@ FAMILIES = [m.__name__.rsplit(".", 1)[1] for m in _families.family_modules(ops)]
 
 
 def test_the_families():
-    assert FAMILIES == ["adam", "attention", "cross_entropy", "dropout", "embedding", "layer_norm"]
+    assert FAMILIES == ["adam", "attention", "cross_entropy", "dropout", "embedding", "layer_norm",
+                        "varlen_attention"]
 
 
 @pytest.mark.parametrize("family", FAMILIES)
