@@ -13,7 +13,7 @@ namespace fls {
 // The packed problem both ops share.
 //   Sentence b (b < B) owns query rows [cu_seqlens_q[b], cu_seqlens_q[b+1]) of q [Nq, H, D] and key rows
 //   [cu_seqlens_k[b], cu_seqlens_k[b+1]) of k, v [Nk, H, D]; cu_seqlens_*: [B+1] int32, cu[0] = 0,
-//   non-decreasing, cu[B] = N (the op layer checks this on the CPU; CUDA trusts it and asserts in the kernel).
+//   non-decreasing, cu[B] = N (the op layer checks this on the CPU; on CUDA a check kernel asserts it).
 //   max_seqlen_*: bounds of the lengths, which only size the CUDA grid.
 //   causal: query i of a sentence with Lq queries and Lk keys sees keys j <= i + (Lk - Lq) (lower right, the
 //   padded attention_softmax's rule; decoder self-attention has Lq == Lk: j <= i); else all Lk keys. A query
