@@ -42,7 +42,7 @@ P = 0.1  # dropout probability used everywhere (fairseq's usual 0.1 attention/ac
 
 # The public ops of fairseq_lightseq.ops that cases() does not time, and the script that does (None: not
 # a training op). Every other public op needs an entry in cases(): tests/ops/test_bench_ops.py fails
-# for a family added without one.
+# for an op group added without one.
 TIMED_ELSEWHERE = {
     "adam_step": "scripts/bench_optimizer.py",
     "label_smoothed_cross_entropy": "scripts/bench_criterion.py",
@@ -201,6 +201,24 @@ def cases(s, device, dtype):
                 lambda t: ops.merge_heads(t, H),
                 lambda t: reference.merge_heads(t, H),
                 lambda t: t.transpose(0, 1).contiguous().view(T, B, C), 2 * N * C * e, 2 * N * C * e))
+
+    # attention over packed rows: the same batch without its padding (every sentence T - T/8 tokens), against
+    # fairseq's padded composition (pad, q k^T, masked softmax, dropout, @ v, unpad)
+    L = T - T // 8
+    pq, pk, pv = (rnd(B * L, H, C // H) for _ in range(3))
+    cu = torch.arange(0, B * L + 1, L, dtype=torch.int32, device=device)
+    real = ~kpm
+
+    def varlen_comp(q_, k_, v_):
+        padded = [q_.new_zeros(B, T, H, C // H).index_put((real.nonzero(as_tuple=True)), t_).transpose(1, 2)
+                  for t_ in (q_, k_, v_)]
+        ctx = torch.matmul(softmax_comp(torch.matmul(padded[0], padded[1].transpose(-1, -2))), padded[2])
+        return ctx.transpose(1, 2)[real]
+
+    out.append(("varlen_attention", (pq, pk, pv), rnd(B * L, H, C // H, grad=False),
+                lambda q_, k_, v_: ops.varlen_attention(q_, k_, v_, cu, cu, L, L, False, scale, P),
+                lambda q_, k_, v_: reference.varlen_attention(q_, k_, v_, cu, cu, L, L, False, scale, P, seed),
+                varlen_comp, 4 * B * L * C * e, 8 * B * L * C * e))
 
     tok = torch.randint(2, V, (B, T), generator=g).to(device)
     tok[:, : T // 8] = 1  # left padding, pad index 1 (fairseq's)
