@@ -4,7 +4,8 @@ the command line: tests/e2e/test_bf16.py, tests/e2e/test_distributed.py.)
 
 Module-level tests run in-process on tiny models. `e2e` tests drive fairseq's real command line
 (`python -m fairseq_cli.train`, run in this process by support.cli.run) on a tiny data-bin made once
-per session with fairseq-preprocess, with a 1-layer, 32-dim model on the CPU for 6 updates. `cuda` tests need a GPU (skipped here).
+per session with fairseq-preprocess, with a 1-layer, 32-dim model on the CPU for 6 updates. `cuda`
+tests need a GPU (skipped here).
 
 The Trainer-level bf16 test builds fairseq's Trainer directly (as scripts/bench_support/sides.py does).
 """
