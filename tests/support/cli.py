@@ -16,7 +16,7 @@ import socket
 import subprocess
 import sys
 
-from support import ROOT, inprocess
+from support import ROOT, inprocess, rank_server
 from support.recipe import train_inner
 
 BIN = os.path.dirname(sys.executable)  # the venv's console scripts
@@ -195,21 +195,27 @@ def free_port():
 
 def run_ranks(cmds, cwd, check=True, timeout=300):
     """Runs the commands concurrently (one per rank); returns [(returncode, log)] (each must exit 0 when
-    `check`)."""
-    procs = [subprocess.Popen(c, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env())
-             for c in cmds]
-    logs = []
-    try:
-        for p in procs:
-            logs.append(p.communicate(timeout=timeout)[0])
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
+    `check`). fairseq-train ranks are forked by support.rank_server (their own processes, without
+    each paying fairseq's import); other commands are started as they are."""
+    train = os.path.join(BIN, "fairseq-train")
+    if all(c[0] == train for c in cmds):
+        results = rank_server.run([["fairseq-train", *c[1:]] for c in cmds], cwd, timeout, env())
+    else:
+        procs = [subprocess.Popen(c, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                  env=env()) for c in cmds]
+        logs = []
+        try:
+            for p in procs:
+                logs.append(p.communicate(timeout=timeout)[0])
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+        results = [(p.returncode, log) for p, log in zip(procs, logs)]
     if check:
-        for p, log in zip(procs, logs):
-            assert p.returncode == 0, log[-4000:]
-    return [(p.returncode, log) for p, log in zip(procs, logs)]
+        for rc, log in results:
+            assert rc == 0, log[-4000:]
+    return results
 
 
 def by_hand(args, world: int, cwd, check=True, ddp_backend="legacy_ddp"):
