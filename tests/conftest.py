@@ -1,6 +1,8 @@
 """Test layout: tests/ops (each op family: kernels vs the reference), tests/fairseq (model, criterion,
 optimizer, checkpoints, training modes through fairseq's Python API), tests/e2e (fairseq's command
-line, the recipe, the demo; marked `e2e`). Shared helpers live in tests/support/."""
+line, the recipe, the demo; marked `e2e`: fairseq's commands with the plugin run inside this process,
+support/inprocess.py, and in their own processes only where the process is what is tested). Shared
+helpers live in tests/support/."""
 import os
 import sys
 

@@ -1,16 +1,13 @@
 """`fairseq-train --bf16 --user-dir fairseq_lightseq` trains in bfloat16 on the CPU (fairseq 0.12 alone
 turns --bf16 into --tpu and stops, torch_xla missing), for ls_transformer and for fairseq's own
-transformer: 20 updates through fairseq-train's entry point, with a probe that records the dtype of the
-parameters the Trainer holds at every update (tests/support/probe_train.py). Marked `e2e`."""
-import json
-import os
-import sys
-
+transformer: 20 updates through fairseq-train's entry point (in this process), with a probe that
+records the dtype of the parameters the Trainer holds at every update (tests/support/probe_train.py).
+Marked `e2e`."""
 import pytest
 import torch
 
-from support import ROOT
 from support.cli import LS, NATIVE, USER_DIR, falls, losses, make_data_bin, run, train_args
+from support.probe_train import probe
 
 pytestmark = pytest.mark.e2e
 
@@ -26,12 +23,10 @@ def data_bin(tmp_path_factory):
 
 def probe_train(data_bin, save_dir, stack, *extra, cpu=True):
     """fairseq-train (probed) for UPDATES updates; returns (log, per-update probe records)."""
-    probe = os.path.join(str(save_dir), "probe.json")
-    _, log = run([sys.executable, "-m", "support.probe_train", probe,
-                  *train_args(data_bin, save_dir, UPDATES, stack=stack, cpu=cpu), *extra], cwd=str(save_dir),
-                 PYTHONPATH=os.path.join(ROOT, "tests"))
-    with open(probe) as f:
-        return log, json.load(f)
+    with probe() as seen:
+        _, log = run(["fairseq-train", *train_args(data_bin, save_dir, UPDATES, stack=stack, cpu=cpu), *extra],
+                     cwd=str(save_dir))
+    return log, seen
 
 
 @pytest.fixture(scope="module")

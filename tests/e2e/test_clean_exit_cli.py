@@ -1,4 +1,5 @@
-"""A fairseq run that succeeded exits 0, every time (fairseq_lightseq.patches.clean_exit).
+"""A fairseq run that succeeded exits 0, every time (fairseq_lightseq.patches.clean_exit). Each run is
+its own process: the exit is what is tested.
 
 fairseq's data-buffer thread (a daemon BackgroundConsumer) still collating a batch when Python
 finalises aborts the process with "terminate called without an active exception" (exit 134).
@@ -25,16 +26,19 @@ def corpus(tmp_path_factory):
 
 def test_ten_consecutive_runs_exit_0(corpus):
     d = corpus
+    def fairseq_train(*args):
+        return train(d, *args, check=False, process=True)
+
     runs = [
-        ("ls, busy buffer, save", lambda: train(d, *LS, *COMMON, *BUSY_BUFFER, "--save-dir", "ckpt",
-                                                "--no-epoch-checkpoints", check=False)),
-        ("issue command, transformer", lambda: train(d, *NATIVE, *COMMON, *ISSUE, check=False)),
-        ("issue command, ls", lambda: train(d, *LS, *COMMON, *ISSUE, check=False)),
-        ("transformer, busy buffer", lambda: train(d, *NATIVE, *COMMON, *BUSY_BUFFER, "--no-save", check=False)),
-        ("ls, busy buffer", lambda: train(d, *LS, *COMMON, *BUSY_BUFFER, "--no-save", check=False)),
-        ("transformer, busy buffer", lambda: train(d, *NATIVE, *COMMON, *BUSY_BUFFER, "--no-save", check=False)),
-        ("ls, busy buffer", lambda: train(d, *LS, *COMMON, *BUSY_BUFFER, "--no-save", check=False)),
-    ] + [("generate", lambda: generate(d, "ckpt/checkpoint_last.pt", check=False)[:2])] * 3
+        ("ls, busy buffer, save", lambda: fairseq_train(*LS, *COMMON, *BUSY_BUFFER, "--save-dir", "ckpt",
+                                                        "--no-epoch-checkpoints")),
+        ("issue command, transformer", lambda: fairseq_train(*NATIVE, *COMMON, *ISSUE)),
+        ("issue command, ls", lambda: fairseq_train(*LS, *COMMON, *ISSUE)),
+        ("transformer, busy buffer", lambda: fairseq_train(*NATIVE, *COMMON, *BUSY_BUFFER, "--no-save")),
+        ("ls, busy buffer", lambda: fairseq_train(*LS, *COMMON, *BUSY_BUFFER, "--no-save")),
+        ("transformer, busy buffer", lambda: fairseq_train(*NATIVE, *COMMON, *BUSY_BUFFER, "--no-save")),
+        ("ls, busy buffer", lambda: fairseq_train(*LS, *COMMON, *BUSY_BUFFER, "--no-save")),
+    ] + [("generate", lambda: generate(d, "ckpt/checkpoint_last.pt", check=False, process=True)[:2])] * 3
     failures = []
     for name, fn in runs:
         rc, out = fn()

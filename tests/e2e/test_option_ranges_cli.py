@@ -1,6 +1,6 @@
 """fairseq-train with an out-of-range probability stops before training, exits 1 (not 134) and
 names the option: --dropout and --attention-dropout at model build, --label-smoothing at criterion
-build."""
+build. A subprocess each: the exit status is what is tested."""
 import pytest
 
 from support.cli import LS, corpus_once, train
@@ -16,7 +16,7 @@ pytestmark = pytest.mark.e2e
 def test_out_of_range_option_refused_before_training(tmp_path_factory, flag, value, message):
     d = corpus_once(tmp_path_factory)
     rc, out = train(d, *LS, "--lr", "5e-4", "--max-tokens", "2000", "--max-update", "2", "--no-save",
-                    "--disable-validation", flag, value, check=False)
+                    "--disable-validation", flag, value, check=False, process=True)
     assert rc == 1, f"exit {rc}\n{out[-3000:]}"
     assert message in out
     assert "Start iterating over samples" not in out and "terminate called" not in out

@@ -28,7 +28,8 @@ from fairseq.file_io import PathManager
 from fairseq_lightseq.patches import checkpoint_io
 from fairseq_lightseq.checkpoints.io import CheckpointReadError
 
-from support.recipe import RECIPE, ROOT, prepare_once, run, train, train_inner
+from support.cli import run
+from support.recipe import ROOT, prepare_once, train, train_inner
 
 
 @pytest.fixture(scope="session")

@@ -3,8 +3,9 @@ gradient accumulation (--update-freq) and EMA (--store-ema). (bf16 and distribut
 the command line: tests/e2e/test_bf16.py, tests/e2e/test_distributed.py.)
 
 Module-level tests run in-process on tiny models. `e2e` tests drive fairseq's real command line
-(`python -m fairseq_cli.train`) on a tiny data-bin made once per session with fairseq-preprocess,
-with a 1-layer, 32-dim model on the CPU for 6 updates. `cuda` tests need a GPU (skipped here).
+(`python -m fairseq_cli.train`, run in this process by support.cli.run) on a tiny data-bin made once
+per session with fairseq-preprocess, with a 1-layer, 32-dim model on the CPU for 6 updates. `cuda`
+tests need a GPU (skipped here).
 
 The Trainer-level bf16 test builds fairseq's Trainer directly (as scripts/bench_support/sides.py does).
 """
@@ -12,13 +13,13 @@ import copy
 import os
 import random
 import re
-import subprocess
 import sys
 
 import pytest
 import torch
 
 from fairseq_lightseq.models.ls_transformer import LSTransformerModel
+from support.cli import run
 from support.models import batch, build, make_task, perturb_
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -111,15 +112,9 @@ def test_bf16_model_forward_backward_finite_and_close_to_fp32():
 
 
 # ------------------------------------------------------------------------- fairseq CLI and Trainer
-def _env():
-    return dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
-
-
-def _run_cli(args, cwd, timeout=240):
-    r = subprocess.run([sys.executable, "-m", *args], cwd=cwd, capture_output=True, text=True,
-                       timeout=timeout, env=_env())
-    assert r.returncode == 0, f"{' '.join(args)} failed:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
-    return r.stdout + r.stderr
+def _run_cli(args, cwd):
+    """`python -m` args (a fairseq_cli module), in this process (support.cli.run); returns the log."""
+    return run([sys.executable, "-m", *args], cwd)[1]
 
 
 @pytest.fixture(scope="session")

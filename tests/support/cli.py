@@ -1,6 +1,6 @@
 """fairseq's real command line on tiny corpora, for the e2e tests: the running venv's console scripts
-(fairseq-train, fairseq-generate, ...), two toy data-bins and a 1-layer, width-32 model, so a run costs
-about the command's start-up time.
+(fairseq-train, fairseq-generate, ...; with the plugin, run in the test process by `run`), two toy
+data-bins and a 1-layer, width-32 model, so a run costs well under a second of training.
 
 * `make_data_bin`: 16 words, target = the source in upper case (bf16, checkpoints, distributed runs);
 * `make_corpus` / `corpus_once`: the corpus of the CLI defect reports, sentence pairs over a
@@ -16,7 +16,7 @@ import socket
 import subprocess
 import sys
 
-from support import ROOT
+from support import ROOT, inprocess, rank_server
 from support.recipe import train_inner
 
 BIN = os.path.dirname(sys.executable)  # the venv's console scripts
@@ -39,15 +39,25 @@ def env(**extra):
     return dict(e, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore", **extra)
 
 
-def run(cmd, cwd, check=True, timeout=300, **extra_env):
-    """Runs `cmd` (a console script name from BIN, or a full command); returns (returncode, stdout+stderr)."""
-    if not os.path.isabs(cmd[0]) and os.path.exists(os.path.join(BIN, cmd[0])):
-        cmd = [os.path.join(BIN, cmd[0]), *cmd[1:]]
-    r = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env(**extra_env))
-    out = r.stdout + r.stderr
+def run(cmd, cwd, check=True, timeout=300, process=False, **extra_env):
+    """Runs `cmd` (a console script name from BIN, or a full command); returns (returncode, stdout+stderr).
+
+    A fairseq tool given --user-dir fairseq_lightseq (or fairseq-preprocess, which the plugin leaves
+    alone), or one of the scripts that import the plugin, runs inside this process
+    (support.inprocess: the same entry point and parser, no start-up); anything else, or any command
+    with `process` (where the process itself is tested: its exit, a run without the plugin), runs as
+    a subprocess with `timeout`."""
+    tool = inprocess.entry_point(cmd)
+    if not process and tool and (tool[0] in (None, "fairseq_cli.preprocess") or "--user-dir" in cmd):
+        rc, out = inprocess.call(cmd, cwd, **extra_env)
+    else:
+        if not os.path.isabs(cmd[0]) and os.path.exists(os.path.join(BIN, cmd[0])):
+            cmd = [os.path.join(BIN, cmd[0]), *cmd[1:]]
+        r = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env(**extra_env))
+        rc, out = r.returncode, r.stdout + r.stderr
     if check:
-        assert r.returncode == 0, f"{' '.join(cmd)} failed ({r.returncode}):\n{out[-4000:]}"
-    return r.returncode, out
+        assert rc == 0, f"{' '.join(cmd)} failed ({rc}):\n{out[-4000:]}"
+    return rc, out
 
 
 def _write_pairs(d, sizes, sentence):
@@ -136,19 +146,20 @@ def eval_lm(data_bin: str, path: str, cwd: str, *args):
     return float(m.group(1)), out
 
 
-def train(d: str, *args, check=True, user_dir=True):
-    """fairseq-train bin TINY args in corpus directory d (with --user-dir fairseq_lightseq); returns
-    (returncode, log)."""
+def train(d: str, *args, check=True, user_dir=True, process=False):
+    """fairseq-train bin TINY args in corpus directory d (with --user-dir fairseq_lightseq; in a
+    subprocess with `process`, see `run`); returns (returncode, log)."""
     extra = ["--user-dir", USER_DIR] if user_dir else []
-    return run(["fairseq-train", "bin", *extra, *TINY, *args], d, check=check)
+    return run(["fairseq-train", "bin", *extra, *TINY, *args], d, check=check, process=process)
 
 
-def generate(d: str, path: str, *args, check=True, user_dir=True, **extra_env):
+def generate(d: str, path: str, *args, check=True, user_dir=True, process=False, **extra_env):
     """fairseq-generate bin --path path (test subset, beam 2, with --user-dir unless not `user_dir`,
-    `extra_env` added to the environment); returns (returncode, log, {sentence id: (score, hypothesis)})."""
+    `extra_env` added to the environment; in a subprocess with `process`, see `run`); returns
+    (returncode, log, {sentence id: (score, hypothesis)})."""
     extra = ["--user-dir", USER_DIR] if user_dir else []
     rc, out = run(["fairseq-generate", "bin", "--path", path, "--gen-subset", "test", "--beam", "2",
-                   "--batch-size", "64", "--cpu", *extra, *args], d, check=check, **extra_env)
+                   "--batch-size", "64", "--cpu", *extra, *args], d, check=check, process=process, **extra_env)
     hyps = {}
     for line in out.splitlines():
         m = re.match(r"^H-(\d+)\t(\S+)\t(.*)$", line)
@@ -184,21 +195,27 @@ def free_port():
 
 def run_ranks(cmds, cwd, check=True, timeout=300):
     """Runs the commands concurrently (one per rank); returns [(returncode, log)] (each must exit 0 when
-    `check`)."""
-    procs = [subprocess.Popen(c, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env())
-             for c in cmds]
-    logs = []
-    try:
-        for p in procs:
-            logs.append(p.communicate(timeout=timeout)[0])
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
+    `check`). fairseq-train ranks are forked by support.rank_server (their own processes, without
+    each paying fairseq's import); other commands are started as they are."""
+    train = os.path.join(BIN, "fairseq-train")
+    if all(c[0] == train for c in cmds):
+        results = rank_server.run([["fairseq-train", *c[1:]] for c in cmds], cwd, timeout, env())
+    else:
+        procs = [subprocess.Popen(c, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                  env=env()) for c in cmds]
+        logs = []
+        try:
+            for p in procs:
+                logs.append(p.communicate(timeout=timeout)[0])
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+        results = [(p.returncode, log) for p, log in zip(procs, logs)]
     if check:
-        for p, log in zip(procs, logs):
-            assert p.returncode == 0, log[-4000:]
-    return [(p.returncode, log) for p, log in zip(procs, logs)]
+        for rc, log in results:
+            assert rc == 0, log[-4000:]
+    return results
 
 
 def by_hand(args, world: int, cwd, check=True, ddp_backend="legacy_ddp"):

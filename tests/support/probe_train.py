@@ -1,17 +1,14 @@
-"""`python -m support.probe_train PROBE.json ARGS...` runs fairseq-train's own entry point
-(`fairseq_cli.train.cli_main`, which the fairseq-train console script calls) on ARGS, and writes to
-PROBE.json, for every update, what the Trainer trains: [{"params": sorted parameter dtypes,
-"device": the parameters' device type}]. Checkpoints cannot show this: fairseq saves every fp16/bf16
-tensor as fp32 (utils.move_to_cpu)."""
-import json
-import sys
+"""`with probe() as seen:` around a fairseq-train run in this process (support.cli.run) records, for
+every update, what the Trainer trains: seen = [{"params": sorted parameter dtypes, "device": the
+parameters' device type}]. Checkpoints cannot show this: fairseq saves every fp16/bf16 tensor as fp32
+(utils.move_to_cpu)."""
+import contextlib
 
-from fairseq_cli.train import cli_main  # first: it sets up fairseq's log format
 from fairseq.trainer import Trainer
 
 
-def main():
-    probe_path = sys.argv.pop(1)
+@contextlib.contextmanager
+def probe():
     seen = []
     train_step = Trainer.train_step
 
@@ -23,11 +20,6 @@ def main():
 
     Trainer.train_step = probed
     try:
-        cli_main()
+        yield seen
     finally:
-        with open(probe_path, "w") as f:
-            json.dump(seen, f)
-
-
-if __name__ == "__main__":
-    main()
+        Trainer.train_step = train_step

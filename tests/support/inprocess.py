@@ -1,0 +1,134 @@
+"""fairseq's command-line tools run inside the test process: `call(argv, cwd)` runs fairseq-train,
+fairseq-generate, ... (or `python -m fairseq_cli.X`, or a script of SCRIPTS) as its console script
+would, from the same sys.argv, through the tool's own `cli_main` and fairseq's own parser, and
+returns (exit status, output) as a subprocess would give them. A fairseq process costs seconds of
+start-up (torch, fairseq, the plugin); an in-process call costs the run alone.
+
+What the process would have and the test process lacks or shares, set for the call and restored after:
+the working directory, sys.argv (fairseq's parser and the plugin's cli_config read it), the
+environment (torch's TORCH_FORCE_* loader switches removed, as `support.cli.env` does for a
+subprocess), one torch thread (OMP_NUM_THREADS=1), warnings ignored (PYTHONWARNINGS=ignore), the
+global random states (fairseq seeds torch, numpy and random), the root logger (fairseq's format at
+INFO, into the captured output), the best validation score fairseq keeps on its functions, and
+fairseq's data-buffer threads (stopped after the call, as the plugin's exit hook stops them at a
+process's exit).
+
+Not for what only a process shows: a run without --user-dir (the plugin, once imported, patches
+fairseq for the whole test process), exit at interpreter shutdown, signals, several ranks, torchrun.
+`IN_PROCESS` names the tools that may be called here; `support.cli.run` decides."""
+import contextlib
+import importlib
+import io
+import logging
+import os
+import random
+import runpy
+import sys
+import traceback
+import warnings
+
+import numpy as np
+import torch
+
+# console script -> the module whose cli_main it calls
+IN_PROCESS = {"fairseq-train": "fairseq_cli.train", "fairseq-generate": "fairseq_cli.generate",
+              "fairseq-preprocess": "fairseq_cli.preprocess", "fairseq-eval-lm": "fairseq_cli.eval_lm",
+              "fairseq-validate": "fairseq_cli.validate"}
+# the repository's scripts that import the plugin themselves (so that a process of theirs has it too)
+SCRIPTS = ("convert_checkpoint.py", "average_checkpoints.py")
+LOG_FORMAT = "%(asctime)s | %(levelname)s | %(name)s | %(message)s"  # fairseq_cli's basicConfig
+
+
+def entry_point(cmd):
+    """(module, argv) when `cmd` is a fairseq tool (console script name or path, or `python -m
+    fairseq_cli.X`) or `python SCRIPT` of SCRIPTS; module is None for a script. None otherwise."""
+    name = os.path.basename(cmd[0])
+    if name in IN_PROCESS:
+        return IN_PROCESS[name], [name, *cmd[1:]]
+    if cmd[0] == sys.executable and len(cmd) > 1:
+        if cmd[1] == "-m" and len(cmd) > 2 and cmd[2] in IN_PROCESS.values():
+            return cmd[2], [cmd[2], *cmd[3:]]
+        if os.path.basename(cmd[1]) in SCRIPTS:
+            return None, cmd[1:]
+    return None
+
+
+def _forget_best():
+    """fairseq keeps a run's best validation score on functions (`save_checkpoint.best`, which decides
+    checkpoint_best.pt; `should_stop_early.best` and `.num_runs`, --patience): a fresh process has none."""
+    from fairseq import checkpoint_utils
+
+    train = sys.modules.get("fairseq_cli.train")
+    for fn in (checkpoint_utils.save_checkpoint, getattr(train, "should_stop_early", None)):
+        while fn is not None:  # the plugin's wrapper and the function it wraps
+            for attr in ("best", "num_runs"):
+                fn.__dict__.pop(attr, None)
+            fn = getattr(fn, "__wrapped__", None)
+
+
+@contextlib.contextmanager
+def _process_state(argv, cwd, extra_env):
+    """What a fresh process would have, for the duration of the call; the test process's afterwards."""
+    saved_cwd, saved_argv, saved_env, saved_path = os.getcwd(), sys.argv, dict(os.environ), sys.path[:]
+    threads = torch.get_num_threads()
+    rng = torch.get_rng_state(), np.random.get_state(), random.getstate()
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    try:
+        _forget_best()
+        os.chdir(cwd)
+        sys.argv = list(argv)
+        if argv[0].endswith(".py"):  # a script's own directory comes first on its path
+            sys.path.insert(0, os.path.dirname(os.path.abspath(argv[0])))
+        for k in [k for k in os.environ if k.startswith("TORCH_FORCE_")]:
+            del os.environ[k]
+        os.environ.update(extra_env)
+        torch.set_num_threads(1)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        os.chdir(saved_cwd)
+        sys.argv = saved_argv
+        sys.path[:] = saved_path
+        os.environ.clear()
+        os.environ.update(saved_env)
+        torch.set_num_threads(threads)
+        torch.set_rng_state(rng[0])
+        np.random.set_state(rng[1])
+        random.setstate(rng[2])
+        root.handlers[:] = handlers
+        root.setLevel(level)
+        _forget_best()
+
+
+def call(cmd, cwd, **extra_env):
+    """Runs `cmd` (see `entry_point`) in this process in directory `cwd`; returns (exit status, stdout
+    and stderr as one text). An exception escaping the tool is printed as Python prints it at exit
+    (traceback, last line `module.Error: message`) and gives status 1; SystemExit gives its code."""
+    module, argv = entry_point(cmd)
+    buf = io.StringIO()
+    handler = logging.StreamHandler(buf)
+    handler.setFormatter(logging.Formatter(LOG_FORMAT, datefmt="%Y-%m-%d %H:%M:%S"))
+    with _process_state(argv, str(cwd), extra_env), contextlib.redirect_stdout(buf), contextlib.redirect_stderr(buf):
+        root = logging.getLogger()
+        root.handlers[:] = [handler]
+        root.setLevel(logging.INFO)
+        try:
+            if module is None:
+                runpy.run_path(argv[0], run_name="__main__")
+            else:
+                importlib.import_module(module).cli_main()
+            rc = 0
+        except SystemExit as e:
+            rc = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+            if not isinstance(e.code, (int, type(None))):
+                print(e.code, file=sys.stderr)
+        except Exception:  # noqa: BLE001  (what the interpreter would print and exit 1 on)
+            traceback.print_exc()
+            rc = 1
+        finally:
+            from fairseq_lightseq.patches.clean_exit import stop_data_buffer_threads
+
+            stop_data_buffer_threads()
+    return rc, buf.getvalue()
