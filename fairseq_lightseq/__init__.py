@@ -12,8 +12,9 @@ the rest, in the order patches/__init__.py lists) and registers with fairseq, fo
 * RoBERTa: the model `ls_roberta` (`ls_roberta*`) and the criterion `ls_masked_lm`;
 
 and the optimizer `ls_adam` for all three. Commands: `python -m fairseq_lightseq.info` (what was built),
-`python -m fairseq_lightseq.export_ctranslate2` (a translation checkpoint for CTranslate2),
-`python -m fairseq_lightseq.demo` (train, decode, score). The layers are drawn in docs/architecture.md.
+`python -m fairseq_lightseq.export_ctranslate2` (a translation or language-model checkpoint for
+CTranslate2), `python -m fairseq_lightseq.demo` (train, decode, score). The layers are drawn in
+docs/architecture.md.
 """
 __version__ = "0.1.0"  # the one place: pyproject.toml reads it (tool.setuptools.dynamic)
 
