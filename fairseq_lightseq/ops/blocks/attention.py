@@ -36,10 +36,16 @@ import torch._guards
 from .. import _backend
 from ..dropout_stream import Dropout
 
-try:
-    from torch.nn.attention.bias import causal_lower_right
-except ImportError:  # torch < 2.2: _lower_right_band builds the [Tq, Tk] band itself
-    causal_lower_right = None
+
+def _causal_lower_right():
+    """torch's causal_lower_right, or None on torch < 2.2 (the caller then builds the band itself).
+    Imported on first use, on CUDA only: the module imports torch._dynamo (about 2 s), which every
+    fairseq process started with --user-dir would otherwise pay at import."""
+    try:
+        from torch.nn.attention.bias import causal_lower_right
+    except ImportError:
+        return None
+    return causal_lower_right
 
 
 class AttentionBlockConfig(NamedTuple):
@@ -133,8 +139,10 @@ def _lower_right_band(Tq: int, Tk: int, device: Optional[torch.device]):
     under FakeTensorMode (the bench's fake cells, tracing: the CausalBias subclass cannot be made there),
     the boolean [Tq, Tk] band: the CPU's SDPA would materialise CausalBias as exactly that."""
     dev = torch.device(device) if device is not None else torch.device("cpu")
-    if dev.type == "cuda" and causal_lower_right is not None and torch._guards.detect_fake_mode() is None:
-        return causal_lower_right(Tq, Tk)
+    if dev.type == "cuda" and torch._guards.detect_fake_mode() is None:
+        causal_lower_right = _causal_lower_right()
+        if causal_lower_right is not None:
+            return causal_lower_right(Tq, Tk)
     return torch.ones(Tq, Tk, dtype=torch.bool, device=dev).tril(Tk - Tq)
 
 
