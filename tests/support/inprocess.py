@@ -132,3 +132,30 @@ def call(cmd, cwd, **extra_env):
 
             stop_data_buffer_threads()
     return rc, buf.getvalue()
+
+
+def train_losses(argv, cwd):
+    """Runs `fairseq-train argv` through `call` and returns the loss of each update unrounded (fairseq's
+    log rounds it to 3 decimals): the `train_inner` loss meter's average right after each update, the
+    value fairseq logs with --log-interval 1. A run that fails raises with its output."""
+    if "--log-interval" not in argv or argv[argv.index("--log-interval") + 1] != "1":
+        raise ValueError("train_losses reads the per-update meter: pass --log-interval 1")
+    from fairseq.logging import metrics
+    from fairseq.trainer import Trainer
+
+    losses = []
+    train_step = Trainer.train_step
+
+    def recorded(self, samples, raise_oom=False):
+        out = train_step(self, samples, raise_oom)
+        losses.append(float(metrics.get_meter("train_inner", "loss").avg))
+        return out
+
+    Trainer.train_step = recorded
+    try:
+        rc, output = call(["fairseq-train", *argv], cwd)
+    finally:
+        Trainer.train_step = train_step
+    if rc != 0:
+        raise RuntimeError(f"fairseq-train exited {rc}:\n{output[-4000:]}")
+    return losses
