@@ -15,7 +15,9 @@ Everything else takes the logits path, the decoder's full logits and the fused l
 adaptive softmax, a decoder that is not a fairseq transformer decoder or overrides output_layer, an
 output projection with a bias; `compute_loss`/`compute_accuracy` called with logits (fairseq's API)
 also take it. Under sequence parallelism it is the criterion that takes a rank's target columns and
-counts its share: the features (like the logits) are this rank's rows.
+counts its share: the features (like the logits) are this rank's rows. With --ls-packed the model returns
+the features of the real target tokens only (packed rows, `fused_kwargs`), and their targets are gathered
+in the same order.
 
 A criterion class puts FusedLossMixin before fairseq's criterion and sets `eps`, `ignore_prefix_size`,
 `report_accuracy` and `LOGS_NLL` (whether fairseq's logging output has "nll_loss"). The masked LM
@@ -26,6 +28,7 @@ from fairseq import utils
 from fairseq.models.transformer import TransformerDecoderBase
 from torch import nn
 
+from ..modules.packing import recorded_packing
 from ..ops import label_smoothed_cross_entropy, linear_label_smoothed_cross_entropy
 from ..sequence_parallel.sharding import recorded_shard
 
@@ -60,7 +63,7 @@ class FusedLossMixin:
         returns features [B, T, E] and the fused projection + loss runs (see the module docstring)."""
         weight = self.projection_weight(model) if reduce else None
         # features_only only when set: a model outside the fused path may not take the argument
-        net_output = model(**sample["net_input"], **({"features_only": True} if weight is not None else {}))
+        net_output = model(**sample["net_input"], **(self.fused_kwargs(model) if weight is not None else {}))
         shard = recorded_shard(net_output)
         if shard is None:
             return self._outputs(model, net_output, sample, reduce, weight)
@@ -69,6 +72,14 @@ class FusedLossMixin:
         counts = {"ntokens": ntokens, "nsentences": nsentences}
         return self._outputs(model, net_output, sample, reduce, weight, counts,
                              nsentences if self.sentence_avg else ntokens)
+
+    def fused_kwargs(self, model) -> dict:
+        """The model's arguments for the fused path: features_only, and packed_rows for a model with --ls-packed
+        on (the features then come as the real tokens' rows [N, E], so the projection and the loss run on no
+        pad row; not with --ignore-prefix-size, whose cut needs the [B, T] layout)."""
+        if getattr(model, "ls_packed", False) and self.ignore_prefix_size == 0:
+            return {"features_only": True, "packed_rows": True}
+        return {"features_only": True}
 
     def _outputs(self, model, net_output, sample, reduce, weight, counts=None, sample_size=None):
         """(loss, sample_size, logging_output) as fairseq's forward computes them, with the counts given.
@@ -120,6 +131,9 @@ class FusedLossMixin:
         when the model ran with features_only) and target [N] int64, with the ignored prefix cut off."""
         logits = net_output[0]
         target = self._target(model, net_output, sample)
+        pack = recorded_packing(net_output)
+        if pack is not None:  # packed rows: the targets of the real tokens, in the same order
+            return logits, pack.gather(target)
         if self.ignore_prefix_size > 0:
             logits = logits[:, self.ignore_prefix_size:, :]
             target = target[:, self.ignore_prefix_size:]

@@ -26,6 +26,7 @@ from fairseq.criterions.masked_lm import MaskedLmConfig, MaskedLmLoss
 from fairseq.models.roberta.model import RobertaLMHead
 
 from ..modules.lm_head import LSRobertaLMHead, lm_head_transform
+from ..modules.packing import recorded_packing
 from ..sequence_parallel.sharding import recorded_shard
 from .fused_loss import FusedLossMixin
 
@@ -46,9 +47,12 @@ class LsMaskedLmLoss(FusedLossMixin, MaskedLmLoss):
         head = getattr(getattr(model, "encoder", None), "lm_head", None)
         if self.tpu or type(head) not in (RobertaLMHead, LSRobertaLMHead):
             return MaskedLmLoss.forward(self, model, sample, reduce)
-        net_output = model(**sample["net_input"], features_only=True)
-        features = net_output[0]  # [B, T, E] (SP: this rank's rows)
+        net_output = model(**sample["net_input"], **self.fused_kwargs(model))
+        features = net_output[0]  # [B, T, E] (SP: this rank's rows; --ls-packed: the real tokens' [N, E])
         target = self._target(model, net_output, sample)  # (SP: this rank's columns)
+        pack = recorded_packing(net_output)
+        if pack is not None:
+            target = pack.gather(target)
         masked = target.ne(self.padding_idx)
         sample_size = masked.int().sum()
         # the masked rows' flat indices: the one data-dependent size (a sync, as fairseq's boolean index)

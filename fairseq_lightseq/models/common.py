@@ -1,10 +1,12 @@
 """What every ls_* model shares: the refusal of fairseq options our layers do not implement, the
 options they add to fairseq's (`add_args`: sequence parallelism, --ls-recompute-attention,
---ls-attention), the end of their build_model (`finish_build`: sequence parallelism set up, the padding
-side of the decoder's rows, the recompute default, the attention mode), and a cheap model.train()."""
+--ls-attention, --ls-packed), the end of their build_model (`finish_build`: sequence parallelism set up,
+the padding side of the decoder's rows, the recompute default, the attention mode, packing), whether a
+forward runs packed (`packings`), and a cheap model.train()."""
 from fairseq.utils import eval_bool
 from torch import nn
 
+from ..modules import packing
 from ..modules.multihead_attention import ATTENTION_MODES, LSMultiheadAttention
 from ..modules.transformer_layer import TransformerLayerBase, ops_activation
 from ..sequence_parallel import options as sequence_parallel_options
@@ -16,6 +18,10 @@ from ..sequence_parallel import options as sequence_parallel_options
 # GEMM is a larger share of the step: off. The measurements behind the choice are in the benchmark
 # results, not here.
 RECOMPUTE_DEFAULTS = {"ls_transformer": True, "ls_transformer_lm": False, "ls_roberta": False}
+
+# --ls-packed's default per model: packed rows where the benchmark on real batches shows them faster than
+# the padded path (the figures are in the benchmark results, not here).
+PACKED_DEFAULTS = {"ls_transformer": False, "ls_transformer_lm": False, "ls_roberta": False}
 
 # Dropout probabilities the layers take; each must be in [0, 1] (checked at build, not by the first
 # forward's op). --relu-dropout is fairseq's old name for --activation-dropout.
@@ -88,6 +94,24 @@ def add_args(parser, model: str) -> None:
                              "without attention dropout; else the explicit fused-softmax path), sdpa (always "
                              "SDPA; its dropout draws from torch's generator) or explicit (never SDPA) "
                              "(default: auto)")
+    parser.add_argument("--ls-packed", type=boolean, metavar="BOOL",
+                        help="training and validation forwards run on the batch's real tokens only: every layer "
+                             "computes packed rows instead of padded ones, with the padded run's dropout masks "
+                             "(the padded path serves generation, scoring and the hub) "
+                             f"(default: {PACKED_DEFAULTS[model]})")
+
+
+def boolean(value: str) -> bool:
+    """An option's BOOL: True/true/1 or False/false/0 (argparse names the option in the error otherwise;
+    fairseq's eval_bool would take any Python expression)."""
+    import argparse
+
+    lowered = str(value).lower()
+    if lowered in ("true", "1"):
+        return True
+    if lowered in ("false", "0"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected a boolean (True or False), got {value!r}")
 
 
 def finish_build(model: nn.Module, name: str, args, task, sequence_parallel=(), decoder=None) -> nn.Module:
@@ -96,6 +120,7 @@ def finish_build(model: nn.Module, name: str, args, task, sequence_parallel=(), 
     right-padded (from the task, None for an encoder-only model), every layer's recompute_attention
     (RECOMPUTE_DEFAULTS[name] where args has none) and every attention's mode (--ls-attention).
     Returns `model`."""
+    packed = packed_option(args, name)
     sp = sequence_parallel_options.setup(args, task)
     for module in sequence_parallel:
         module.sequence_parallel = sp
@@ -105,7 +130,36 @@ def finish_build(model: nn.Module, name: str, args, task, sequence_parallel=(), 
     mode = getattr(args, "ls_attention", None)
     if mode is not None:  # else LSMultiheadAttention's default, "auto"
         set_attention_mode(model, mode)
+    model.ls_packed = packed
     return model
+
+
+def packed_option(args, name: str) -> bool:
+    """--ls-packed's value (PACKED_DEFAULTS[name] where args has none: an older checkpoint's config);
+    ValueError, naming the options, for a combination the packed path does not run: sequence parallelism
+    (its shards are padded rows)."""
+    value = getattr(args, "ls_packed", None)
+    if value is None:
+        return PACKED_DEFAULTS[name]
+    if not isinstance(value, bool):
+        raise ValueError(f"{name}: --ls-packed must be a boolean (True or False), got {value!r}")
+    size, _ = sequence_parallel_options.size_and_mode(args)
+    if value and size > 1:
+        raise ValueError(f"{name}: --ls-packed True does not combine with --sequence-parallel-size {size} "
+                         "(sequence parallelism shards padded rows); use --ls-packed False")
+    return value
+
+
+def packings(model: nn.Module, padding_masks, requested: bool):
+    """The Packings (modules.packing) of a forward's padded sides, or None when it runs padded. padding_masks:
+    [B, T] bool masks (True at padding), one per side (translation: source, then target). Packed when the
+    model has --ls-packed on and the forward is a training one or an ls criterion's (`requested`, validation
+    included), and some side has padding (a batch without any gives the padded path's numbers by running it).
+    Everything else (generation, scoring, the hub, fairseq's own criteria in evaluation) runs padded."""
+    if not getattr(model, "ls_packed", False) or not (model.training or requested):
+        return None
+    packs = tuple(packing.pack(mask) for mask in padding_masks)
+    return packs if any(p.has_padding for p in packs) else None
 
 
 def set_attention_mode(model: nn.Module, mode: str) -> None:

@@ -30,6 +30,7 @@ from fairseq.utils import safe_getattr, safe_hasattr
 from torch import nn
 
 from ..modules.lm_head import LSRobertaLMHead
+from ..modules import packing
 from ..modules.multihead_attention import LSMultiheadAttention
 from ..modules.transformer import LSTransformerEncoder
 from ..sequence_parallel import options as sequence_parallel_options
@@ -95,6 +96,36 @@ class LSRobertaModel(LSModelMixin, RobertaModel):
         self.args = args
         self.apply(init_bert_params)
         self.classification_heads = nn.ModuleDict()
+
+    def forward(self, src_tokens, features_only: bool = False, return_all_hiddens: bool = False,
+                classification_head_name=None, packed_rows: bool = False, **kwargs):
+        """fairseq's forward; with --ls-packed (common.packings decides: training, a classification head's or
+        the masked tokens' forward, or an ls criterion's `packed_rows`) the sentence encoder runs the batch's
+        real tokens as packed rows. Then a classification head reads each sentence's position-0 row (fairseq's
+        RobertaClassificationHead reads features[:, 0] only), the LM head the masked tokens' rows, and
+        packed_rows returns the rows [N, E] with their Packing in the extra output; anything else unpacks to
+        [B, T, E]. return_all_hiddens and other head classes run padded."""
+        head = self.classification_heads[classification_head_name] if classification_head_name is not None else None
+        masked_tokens = kwargs.get("masked_tokens")
+        sentence_encoder = self.encoder.sentence_encoder
+        packs = None
+        if not return_all_hiddens and (head is None or type(head) is fs.RobertaClassificationHead):
+            packs = common.packings(self, (src_tokens.eq(sentence_encoder.padding_idx),),
+                                    packed_rows or head is not None or masked_tokens is not None)
+        if packs is None:
+            return super().forward(src_tokens, features_only, return_all_hiddens, classification_head_name, **kwargs)
+        pack = packs[0]
+        x = sentence_encoder.forward_packed(src_tokens, pack)
+        extra = {"inner_states": []}
+        if head is not None:
+            return head(x.index_select(0, pack.first_rows()).unsqueeze(1)), extra
+        if packed_rows:
+            extra[packing.EXTRA_KEY] = pack
+            return x, extra
+        if not features_only and masked_tokens is not None:
+            return self.encoder.lm_head(x, masked_tokens=pack.gather(masked_tokens)), extra
+        x = pack.unpack(x)
+        return (x if features_only else self.encoder.output_layer(x)), extra
 
     @classmethod
     def add_args(cls, parser):

@@ -24,6 +24,8 @@ from fairseq.modules import FairseqDropout
 from .. import ops
 from ..ops import dropout_stream
 from ..ops.blocks.attention import sdpa_mask, sdpa_key_padding_mask, sdpa_supported
+from . import packing
+from .packing import Packing
 
 # When to use torch's fused scaled_dot_product_attention instead of the explicit
 # bmm -> ops.attention_softmax_dropout -> bmm path (--ls-attention, an attention module's
@@ -182,6 +184,31 @@ class LSMultiheadAttention(nn.Module):
         out, weights = self.attend(q, k, v, key_padding_mask, causal, need_weights, attn_dropout,
                                     right_padded=right_padded and incremental_state is None)
         return F.linear(out, self.out_proj.weight), weights
+
+    def forward_packed(self, query: Tensor, key: Optional[Tensor], q_pack: Packing, k_pack: Packing, causal: bool,
+                       attn_dropout: ops.Dropout) -> Tensor:
+        """Attention over packed rows (--ls-packed): query [Nq, E] of the sentences of q_pack; key [Nk, kdim]
+        of k_pack (encoder-decoder attention) or None (self-attention: keys from query, k_pack is q_pack);
+        causal: query i of a sentence sees its keys j <= i. attn_dropout: the padded attention's draw, placed
+        by packing.coords so that every kept probability is the padded run's. Returns the output projection
+        WITHOUT out_proj.bias, [Nq, E].
+
+        Always our varlen_attention (not torch's SDPA, whatever attention_mode says): its dropout is the
+        padded run's Philox mask, and it keeps no [B, H, Tq, Tk] tensor for backward."""
+        N, H, hd = query.size(0), self.num_heads, self.head_dim
+        if self.self_attention:
+            w = torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight], dim=0)
+            b = torch.cat([self.q_proj.bias, self.k_proj.bias, self.v_proj.bias], dim=0)
+            q, k, v = F.linear(query, w, b).view(N, 3, H, hd).unbind(1)
+        else:
+            q = F.linear(query, self.q_proj.weight, self.q_proj.bias).view(N, H, hd)
+            w = torch.cat([self.k_proj.weight, self.v_proj.weight], dim=0)
+            b = torch.cat([self.k_proj.bias, self.v_proj.bias], dim=0)
+            k, v = F.linear(key, w, b).view(key.size(0), 2, H, hd).unbind(1)
+        out = ops.varlen_attention(q.contiguous(), k.contiguous(), v.contiguous(), q_pack.cu_seqlens,
+                                   k_pack.cu_seqlens, q_pack.max_len, k_pack.max_len, causal, self.scaling,
+                                   attn_dropout, coords=packing.coords(q_pack, k_pack))
+        return F.linear(out.reshape(N, H * hd), self.out_proj.weight)
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Optional[Tensor], causal: bool,
                 need_weights: bool, attn_dropout: ops.Dropout, coords: Optional[ops.AttentionCoords] = None,

@@ -25,7 +25,9 @@ from .. import ops
 from ..ops import dropout_stream
 from ..sequence_parallel.collectives import all_gather
 from ..sequence_parallel.sharding import EXTRA_KEY, SequenceParallel, Shard, shard_or_none
+from . import packing
 from .embedding import embed_time_major, position_table
+from .packing import Packing
 from .transformer_layer import SITES_PER_LAYER, LSTransformerDecoderLayer, LSTransformerEncoderLayer, fused_layer_norm
 
 
@@ -77,14 +79,17 @@ class _DropoutStreamMixin:
                 padded.eq(self.padding_idx))
 
     def _embed(self, tokens: Tensor, positions: Optional[Tensor], max_position: int, seed: Optional[int],
-               active: bool, shard: Optional[Shard]) -> Tensor:
+               active: bool, shard: Optional[Shard], pack: Optional[Packing] = None) -> Tensor:
         """dropout([layernorm_embedding](scale * embed_tokens + embed_positions)) as [T', B, E], the
-        dropout at site 0 of the forward's stream (moved to the shard's first row)."""
+        dropout at site 0 of the forward's stream (moved to the shard's first row; with a Packing, tokens
+        and positions are the packed [1, N] and each of the N rows draws its padded row's mask)."""
         project_in = getattr(self, "project_in_dim", None)  # the decoder's, with --decoder-input-dim
         B, E = tokens.size(0), self.embed_tokens.embedding_dim if project_in is None else project_in.out_features
         d = dropout_stream.draw(self.dropout_module.p, active, seed, 0)
         if shard is not None:
             d = shard.token_offset(d, B, E)
+        if pack is not None:
+            d = dropout_stream.at_rows(d, pack.rows)
         if project_in is not None:
             # fairseq: project_in(scale * lookup) + positions; the op looks up and scales only
             x = project_in(embed_time_major(tokens, self.embed_tokens, None, self.embed_scale, 0.0, active))
@@ -109,6 +114,14 @@ class _DropoutStreamMixin:
         training, or at inference once fairseq-generate --retain-dropout[-modules] switched on this
         module's FairseqDropout (FairseqDropout.forward's rule)."""
         return self.training or self.dropout_module.apply_during_inference
+
+    def _embed_packed(self, tokens: Tensor, pack: Packing, seed: Optional[int], active: bool) -> Tensor:
+        """The embedding of the real tokens of tokens [B, T] (fairseq's make_positions over the padded rows,
+        so left or right padding numbers them as the padded run does): [N, E]."""
+        positions = utils.make_positions(tokens, self.padding_idx)
+        x = self._embed(pack.gather(tokens).view(1, -1), pack.gather(positions).view(1, -1),
+                        self.padding_idx + tokens.size(1), seed, active, None, pack)
+        return x.view(pack.N, x.size(-1))
 
     def _any_dropout(self) -> bool:
         """Whether any dropout probability is set, read from the TransformerConfig fairseq's base class
@@ -178,6 +191,19 @@ class LSTransformerEncoder(_DropoutStreamMixin, TransformerEncoderBase):
             "src_tokens": [],
             "src_lengths": [src_lengths],
         }
+
+
+    def forward_packed(self, src_tokens: Tensor, pack: Packing) -> Tensor:
+        """The encoder over packed rows (--ls-packed): src_tokens [B, S] (left or right padded), pack its
+        Packing. Returns the output rows [N, E] (after the final layer norm), the padded run's values at the
+        real positions; dropout draws the padded run's masks."""
+        seed, active = self._forward_seed(), self.dropout_active
+        x = self._embed_packed(src_tokens, pack, seed, active)
+        for i, layer in enumerate(self.layers):
+            x = layer(x, dropout_seed=seed, dropout_site=1 + i * SITES_PER_LAYER, pack=pack)
+        if self.layer_norm is not None:
+            x = fused_layer_norm(self.layer_norm, x)
+        return x
 
 
 class LSTransformerDecoder(_DropoutStreamMixin, TransformerDecoderBase):
@@ -263,6 +289,34 @@ class LSTransformerDecoder(_DropoutStreamMixin, TransformerDecoderBase):
         if shard is not None:
             extra[EXTRA_KEY] = shard  # the rows x holds, for the criterion's targets
         return x, extra
+
+    def forward_packed(self, prev_output_tokens: Tensor, pack: Packing, encoder_rows: Optional[Tensor] = None,
+                       encoder_pack: Optional[Packing] = None) -> Tensor:
+        """The decoder's features over packed rows (--ls-packed): prev_output_tokens [B, T], pack its Packing;
+        encoder_rows [N_src, E_enc] the encoder's packed output with its Packing (None without cross-attention).
+        Returns the features [N, E_out] (final layer norm and project_out_dim applied, no output projection)."""
+        seed, active = self._forward_seed(), self.dropout_active
+        x = self._embed_packed(prev_output_tokens, pack, seed, active)
+        for idx, layer in enumerate(self.layers):
+            x, _ = layer(x, encoder_rows, dropout_seed=seed, dropout_site=1 + idx * SITES_PER_LAYER, pack=pack,
+                         encoder_pack=encoder_pack)
+        if self.layer_norm is not None:
+            x = fused_layer_norm(self.layer_norm, x)
+        if self.project_out_dim is not None:
+            x = self.project_out_dim(x)
+        return x
+
+    def packed_output(self, x: Tensor, pack: Packing, features_only: bool, packed_rows: bool):
+        """fairseq's decoder output from forward_packed's features x [N, E]: with packed_rows (an ls criterion
+        asked for them) the rows as they are, their Packing in the extra output under packing.EXTRA_KEY;
+        else unpacked to [B, T, E] (zeros at the padding) and, unless features_only, the logits [B, T, V].
+        The extra output has no attention and no inner states."""
+        extra = {"attn": [None], "inner_states": []}
+        if packed_rows:
+            extra[packing.EXTRA_KEY] = pack
+            return x, extra
+        x = pack.unpack(x)
+        return (x if features_only else self.output_layer(x)), extra
 
     def forward(self, prev_output_tokens, encoder_out=None, incremental_state=None, features_only: bool = False,
                 full_context_alignment: bool = False, alignment_layer: Optional[int] = None,

@@ -37,6 +37,7 @@ from ..ops.reference.dropout import ACTIVATIONS
 from .sharded_attention import sharded_attention
 from ..sequence_parallel.sharding import Shard
 from .multihead_attention import IncrementalState, LSMultiheadAttention, use_sdpa
+from .packing import Packing
 
 # fairseq --activation-fn -> the ops' activation (one of ACTIVATIONS).
 FAIRSEQ_ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "gelu_accurate": "gelu_tanh", "gelu_fast": "gelu_tanh"}
@@ -98,10 +99,13 @@ class TransformerLayerBase(nn.Module):
         return self.training or self.dropout_module.apply_during_inference
 
     def _draw(self, p: float, seed: Optional[int], site: int, shard: Optional[Shard] = None,
-              x: Optional[Tensor] = None, width: Optional[int] = None) -> ops.Dropout:
+              x: Optional[Tensor] = None, width: Optional[int] = None, pack: Optional[Packing] = None) -> ops.Dropout:
         """The draw of a dropout site. With a shard, the draw of a token-wise op over this rank's rows of
-        x ([T/P, B, E]; `width` replaces E for the FFN's hidden activations)."""
+        x ([T/P, B, E]; `width` replaces E for the FFN's hidden activations). With a Packing, the draw of a
+        token-wise op over packed rows [N, C]: each row draws its padded row's mask."""
         d = dropout_stream.draw(p, self.dropout_active, seed, site)
+        if pack is not None:
+            return dropout_stream.at_rows(d, pack.rows)
         if shard is None:
             return d
         return shard.token_offset(d, x.shape[1], width or x.shape[2])
@@ -163,15 +167,34 @@ class TransformerLayerBase(nn.Module):
             x = fused_layer_norm(ln, x)
         return x, weights
 
-    def _ffn_chain(self, x: Tensor, seed: Optional[int], site: int, shard: Optional[Shard] = None) -> Tensor:
+    def _attention_packed(self, attn: LSMultiheadAttention, ln: nn.LayerNorm, x: Tensor, seed: Optional[int],
+                          site: int, pack: Packing, memory: Optional[Tensor] = None,
+                          memory_pack: Optional[Packing] = None, causal: bool = False) -> Tensor:
+        """The attention sublayer over packed rows: x [Nq, E] (queries, the residual), memory [Nk, E_enc]
+        with its Packing for encoder-decoder attention (None: self-attention over x's own rows).
+        Returns [Nq, E]. The dropout masks are the padded sublayer's (packing.coords, Packing.rows)."""
+        residual = x
+        if self.normalize_before:
+            x = fused_layer_norm(ln, x)
+        attn_dropout = dropout_stream.draw(attn.dropout_module.p, attn.dropout_active, seed, site)
+        attn_out = attn.forward_packed(x, memory, pack, memory_pack or pack, causal, attn_dropout)
+        x = ops.bias_dropout_residual(attn_out, attn.out_proj.bias, residual,
+                                      self._draw(self.dropout_module.p, seed, site + 1, pack=pack))
+        if not self.normalize_before:
+            x = fused_layer_norm(ln, x)
+        return x
+
+    def _ffn_chain(self, x: Tensor, seed: Optional[int], site: int, shard: Optional[Shard] = None,
+                   pack: Optional[Packing] = None) -> Tensor:
+        """The FFN sublayer as the per-op chain; x: [T, B, E], or packed rows [N, E] with their Packing."""
         residual = x
         if self.normalize_before:
             x = fused_layer_norm(self.final_layer_norm, x)
         h = ops.bias_act_dropout(F.linear(x, self.fc1.weight), self.fc1.bias,
-                                 self._draw(self.activation_dropout_module.p, seed, site, shard, x, self.fc1.out_features),
-                                 self.activation)
+                                 self._draw(self.activation_dropout_module.p, seed, site, shard, x, self.fc1.out_features,
+                                            pack), self.activation)
         x = ops.bias_dropout_residual(F.linear(h, self.fc2.weight), self.fc2.bias, residual,
-                                      self._draw(self.dropout_module.p, seed, site + 1, shard, residual))
+                                      self._draw(self.dropout_module.p, seed, site + 1, shard, residual, pack=pack))
         if not self.normalize_before:
             x = fused_layer_norm(self.final_layer_norm, x)
         return x
@@ -212,12 +235,16 @@ class LSTransformerEncoderLayer(TransformerLayerBase):
         self._build_ffn(embed_dim, ffn_dim)
 
     def forward(self, x: Tensor, encoder_padding_mask: Optional[Tensor] = None, dropout_seed: Optional[int] = None,
-                dropout_site: int = 0, shard: Optional[Shard] = None) -> Tensor:
+                dropout_site: int = 0, shard: Optional[Shard] = None, pack: Optional[Packing] = None) -> Tensor:
         """x: [T, B, E]; encoder_padding_mask: [B, T] bool, True at padding; dropout_seed: the forward's
         Philox seed (None: drawn here if dropout is on); dropout_site: this layer's first dropout
         site (4 used); shard: with sequence parallelism, the rows x holds ([T_pad/P, B, E]; the mask
-        is then the padded [B, T_pad] one). Returns x's shape."""
+        is then the padded [B, T_pad] one); pack: x is packed rows [N, E] of this Packing (the mask is
+        not used). Returns x's shape."""
         seed, k = self._seed(dropout_seed), dropout_site
+        if pack is not None:
+            x = self._attention_packed(self.self_attn, self.self_attn_layer_norm, x, seed, k, pack)
+            return self._ffn_chain(x, seed, k + 2, pack=pack)
         if shard is not None:
             x, _ = self._attention_chain(self.self_attn, self.self_attn_layer_norm, x, seed, k, shard, memory=None,
                                          key_padding_mask=encoder_padding_mask, causal=False, k_total=shard.total)
@@ -266,7 +293,8 @@ class LSTransformerDecoderLayer(TransformerLayerBase):
                 incremental_state: Optional[IncrementalState] = None,
                 self_attn_padding_mask: Optional[Tensor] = None, causal: bool = True,
                 need_attn: bool = False, dropout_seed: Optional[int] = None, dropout_site: int = 0,
-                shard: Optional[Shard] = None, encoder_total: Optional[int] = None, right_padded: bool = False):
+                shard: Optional[Shard] = None, encoder_total: Optional[int] = None, right_padded: bool = False,
+                pack: Optional[Packing] = None, encoder_pack: Optional[Packing] = None):
         """
         x: [T, B, E] (T = 1 in a generation step); encoder_out: [S, B, E_enc];
         encoder_padding_mask: [B, S] bool; self_attn_padding_mask: [B, T] bool or None;
@@ -277,10 +305,18 @@ class LSTransformerDecoderLayer(TransformerLayerBase):
         is its real tokens then padding (the decoder decides, from the task: LSTransformerDecoder.right_padded);
         causal self-attention under SDPA then leaves the padding mask out (sdpa_key_padding_mask says why
         that is exact for every row that reaches the loss). Ignored with incremental_state.
+        pack: x is packed rows [N, E] of this Packing, encoder_out the encoder's packed rows [N_src, E_enc] of
+        encoder_pack (the masks, incremental_state and need_attn are not used; causal self-attention).
         Returns (x [T, B, E], encoder attention averaged over heads [B, T, S] if need_attn else None).
         """
         seed, k = self._seed(dropout_seed), dropout_site
         cross = self.encoder_attn is not None and encoder_out is not None
+        if pack is not None:
+            x = self._attention_packed(self.self_attn, self.self_attn_layer_norm, x, seed, k, pack, causal=True)
+            if cross:
+                x = self._attention_packed(self.encoder_attn, self.encoder_attn_layer_norm, x, seed, k + 2, pack,
+                                           encoder_out, encoder_pack)
+            return self._ffn_chain(x, seed, k + 4, pack=pack), None
         right_padded = right_padded and incremental_state is None
         if shard is not None:
             x, _ = self._attention_chain(self.self_attn, self.self_attn_layer_norm, x, seed, k, shard, memory=None,
