@@ -62,6 +62,7 @@ def check_supported(args, model: str, native: str) -> None:
         if bad:
             raise ValueError(f"{model} does not support {option}; use --arch {native} for it")
     ops_activation(str(get("activation_fn", "relu")), model)
+    packed_option(args, model)
 
 
 def right_padded_targets(task) -> bool:
