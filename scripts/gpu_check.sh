@@ -42,11 +42,11 @@ FAILED=0
 # The CUDA tests of what has never run on a GPU (since the last GPU run, 2026-11-29 run 2, every kernel
 # was rewritten and these came in): the block ops (the C++ autograd nodes) and the SDPA recompute, the
 # fused projection + loss in fp16/bf16, the no-sync step, the dropout masks against the CPU, attention,
-# bf16 training end to end, attention over packed rows. Defined once: tests_new runs them, tests_rest every
-# other CUDA test.
+# bf16 training end to end, attention over packed rows and the packed model (--ls-packed). Defined once:
+# tests_new runs them, tests_rest every other CUDA test.
 TESTS_NEW="tests/ops/test_blocks.py tests/ops/test_cross_entropy.py tests/fairseq/test_no_sync.py
   tests/ops/test_dropout.py tests/ops/test_attention.py tests/ops/test_attention_bmm.py tests/e2e/test_bf16.py
-  tests/ops/test_varlen_attention.py"
+  tests/ops/test_varlen_attention.py tests/fairseq/test_packed.py tests/ops/test_embedding.py"
 TESTS_REST="tests $(for f in $TESTS_NEW; do printf -- '--ignore=%s ' "$f"; done)"
 # The steady-state training benchmark of the first call (docs/gpu_check.md: why these sizes fit in 220 s).
 BENCH_FIRST="--device cuda --arch-size big --max-tokens 8192 --corpus-pairs 200000 --pool 40 --warmup 40

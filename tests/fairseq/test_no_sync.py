@@ -20,7 +20,9 @@ from fairseq_lightseq.models.ls_transformer import LSTransformerModel
 from fairseq_lightseq.optim import LSAdam
 
 PACKAGE = os.path.dirname(os.path.abspath(fairseq_lightseq.__file__))
-ALLOWED = {("dropout_stream.py", "next_seed")}
+# next_seed: the dropout seed; pack: --ls-packed's one read of each padded side's mask per batch, before any
+# layer runs (modules/packing.py)
+ALLOWED = {("dropout_stream.py", "next_seed"), ("packing.py", "pack")}
 CONVERSIONS = ("item", "__bool__", "__float__", "__int__", "__index__")
 
 
@@ -53,7 +55,7 @@ def _train_step(model, criterion, optimizer, sample, scale):
     optimizer's step with a tensor scale (what FP16Optimizer passes after gradient clipping)."""
     weight = criterion.projection_weight(model)
     assert weight is not None
-    net_output = model(**sample["net_input"], features_only=True)
+    net_output = model(**sample["net_input"], **criterion.fused_kwargs(model))
     loss, _, argmax, target = criterion.loss_and_nll(model, net_output, sample, True, weight)
     criterion._accuracy(argmax, target)
     net_output = model(**sample["net_input"])
@@ -77,10 +79,11 @@ def _caller_inside_package():
     return None
 
 
-@pytest.mark.parametrize("normalize_before", [False, True], ids=["post_ln", "pre_ln"])
-def test_train_step_converts_no_tensor_to_a_python_value(monkeypatch, normalize_before):
+@pytest.mark.parametrize("normalize_before, packed", [(False, False), (True, False), (False, True)],
+                         ids=["post_ln", "pre_ln", "packed"])
+def test_train_step_converts_no_tensor_to_a_python_value(monkeypatch, normalize_before, packed):
     model, criterion, optimizer, sample = _setup("cpu", encoder_normalize_before=normalize_before,
-                                                 decoder_normalize_before=normalize_before)
+                                                 decoder_normalize_before=normalize_before, ls_packed=packed)
     _train_step(model, criterion, optimizer, sample, torch.tensor(2.0))  # first step: state created
     calls = []
     for name in CONVERSIONS:
@@ -127,11 +130,25 @@ def test_tensor_scale_divides_the_grads_as_a_float_scale():
 
 
 @pytest.mark.cuda
-def test_train_step_on_cuda_does_not_sync():
-    model, criterion, optimizer, sample = _setup("cuda")
+@pytest.mark.parametrize("packed", [False, True], ids=["padded", "packed"])
+def test_train_step_on_cuda_does_not_sync(monkeypatch, packed):
+    """Packed: no sync but packing's one read of each side's padding mask (made with sync checks off)."""
+    from fairseq_lightseq.modules import packing
+
+    model, criterion, optimizer, sample = _setup("cuda", ls_packed=packed)
     scale = torch.tensor(2.0, device="cuda")
     _train_step(model, criterion, optimizer, sample, scale)  # first step: state created
     torch.cuda.synchronize()
+    original = packing.pack
+
+    def pack_allowed(mask):
+        torch.cuda.set_sync_debug_mode("default")
+        try:
+            return original(mask)
+        finally:
+            torch.cuda.set_sync_debug_mode("error")
+
+    monkeypatch.setattr(packing, "pack", pack_allowed)
     torch.cuda.set_sync_debug_mode("error")
     try:
         _train_step(model, criterion, optimizer, sample, scale)

@@ -108,6 +108,20 @@ def test_translation_packed_equals_padded(batch, left_pad_source):
     _assert_same(model, criterion, _translation_sample(task, batch, left_pad_source))
 
 
+def test_fairseqs_criteria_get_unpacked_outputs():
+    """fairseq's own label_smoothed_cross_entropy (logits [B, T, V] from the model) and cross_entropy on the
+    LM: the packed model unpacks its features once, the losses and gradients are the padded ones."""
+    from fairseq.criterions.cross_entropy import CrossEntropyCriterion
+    from fairseq.criterions.label_smoothed_cross_entropy import LabelSmoothedCrossEntropyCriterion
+
+    task = make_task()
+    torch.manual_seed(0)
+    model = perturb_(build(LSTransformerModel, task, **DROPOUT)).double().train()
+    _assert_same(model, LabelSmoothedCrossEntropyCriterion(task, False, 0.1), _translation_sample(task, "mixed", True))
+    lm = perturb_lm_(build_lm(LSTransformerLanguageModel, task, **DROPOUT)).double().train()
+    _assert_same(lm, CrossEntropyCriterion(task, False), _lm_sample(task.source_dictionary, "eos"))
+
+
 @pytest.mark.parametrize("variant", ["pre_ln_separate", "post_ln_learned_layernorm_embedding"])
 def test_translation_variants_packed_equal_padded(variant):
     """Separate dictionaries and embeddings with pre-LN; learned positions, --layernorm-embedding and no
@@ -201,3 +215,28 @@ def test_packing_layout():
         packing.pack(torch.tensor([[False, True, False]]))
     with pytest.raises(ValueError, match="sentence 0 .*position 0"):
         p.first_rows()
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=["fp32", "bf16", "fp16"])
+def test_translation_packed_equals_padded_on_cuda(dtype):
+    """On CUDA the padded run takes the explicit attention (--ls-attention explicit: SDPA's dropout draws
+    from torch's generator), so both runs draw every mask from the Philox stream; fp32 within 1e-4, half
+    precision within its rounding."""
+    from fairseq_lightseq.models.common import set_attention_mode
+
+    task = make_task()
+    torch.manual_seed(0)
+    model = perturb_(build(LSTransformerModel, task, share_all_embeddings=True, **DROPOUT)).to("cuda", dtype).train()
+    set_attention_mode(model, "explicit")
+    criterion = LsLabelSmoothedCrossEntropyCriterion(task, False, 0.1)
+    sample = _translation_sample(task, "mixed", True)
+    sample["net_input"] = {k: v.cuda() for k, v in sample["net_input"].items()}
+    sample["target"] = sample["target"].cuda()
+    (loss0, g0, _), (loss1, g1, _) = (_step(model, criterion, sample, p) for p in (False, True))
+    tol = 1e-4 if dtype == torch.float32 else 3e-2
+    torch.testing.assert_close(loss1.float(), loss0.float(), rtol=tol, atol=0)
+    top = max(float(g.float().abs().max()) for g in g0.values())
+    for name, g in g0.items():
+        if not name.endswith("k_proj.bias"):
+            torch.testing.assert_close(g1[name].float(), g.float(), rtol=tol, atol=tol * top, msg=name)
