@@ -1,7 +1,7 @@
 """--ls-packed through fairseq-train (in this process, fairseq_cli.train.main): with every dropout on (0.1,
 attention dropout 0.1) and the same seed, 30 updates packed and padded log the same losses (fp32, 1e-5
 relative): the packed rows draw the padded run's dropout masks. Then the two checkpoints decode the same
-hypotheses (fairseq-generate, the padded path for both). For
+hypotheses (fairseq-generate, the padded path for both), and each continues training the other way. For
 
 * translation (ls_transformer) on support.cli's corpus, left-padded sources (fairseq's default);
 * the language model (ls_transformer_lm, --sample-break-mode eos: one sentence per row), then
@@ -28,11 +28,21 @@ RTOL = 1e-5
 
 
 def both(tmp_path_factory, name, argv_of):
-    """{packed: (losses, save_dir)} for --ls-packed False and True of argv_of(save_dir)."""
+    """{packed: (losses, save_dir)} for --ls-packed False and True of argv_of(save_dir); checks that the packed
+    attention ran in the packed run only (the run is in this process)."""
+    from fairseq_lightseq.modules.multihead_attention import LSMultiheadAttention
+
     out = {}
+    original = LSMultiheadAttention.forward_packed
     for packed in (False, True):
-        save_dir = str(tmp_path_factory.mktemp(f"{name}_{packed}"))
-        out[packed] = train_losses([*argv_of(save_dir), "--ls-packed", str(packed)], save_dir), save_dir
+        calls = []
+        LSMultiheadAttention.forward_packed = lambda self, *a: calls.append(1) or original(self, *a)
+        try:
+            save_dir = str(tmp_path_factory.mktemp(f"{name}_{packed}"))
+            out[packed] = train_losses([*argv_of(save_dir), "--ls-packed", str(packed)], save_dir), save_dir
+        finally:
+            LSMultiheadAttention.forward_packed = original
+        assert bool(calls) == packed
     return out
 
 
@@ -56,6 +66,11 @@ def test_translation_packed_trains_and_decodes_as_padded(tmp_path_factory):
     runs = both(tmp_path_factory, "translation",
                 lambda save: [*train_args(os.path.join(d, "bin"), save, UPDATES), *QUIET, *DROPOUT])
     assert_same_losses(runs)
+    # each checkpoint continues the other way: 5 more updates of the packed run padded and vice versa
+    more = {p: train_losses([*train_args(os.path.join(d, "bin"), runs[p][1], UPDATES + 5), *QUIET, *DROPOUT,
+                             "--ls-packed", str(not p)], runs[p][1]) for p in (False, True)}
+    assert len(more[False]) == len(more[True]) == 5
+    assert max(abs(a - b) / abs(b) for a, b in zip(more[True], more[False])) < RTOL
     hyps = [hypotheses(generate(d, os.path.join(runs[p][1], "checkpoint_last.pt"), "--beam", "2")[1])
             for p in (False, True)]
     assert hyps[0] and hyps[0].keys() == hyps[1].keys()
