@@ -57,9 +57,3 @@ def as_dropout(p: Union[float, Dropout], training: bool) -> Dropout:
     if isinstance(p, Dropout):
         return p if training else NO_DROPOUT
     return draw(p, training)
-
-
-def at_rows(d: Dropout, rows):  # TEMPORARY stand-in until the row-mapped ops land (merge takes theirs)
-    if not d.p:
-        return d
-    raise NotImplementedError("row-mapped dropout")
