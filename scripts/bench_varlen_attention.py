@@ -11,7 +11,7 @@ and values (with a key padding mask when some sentence is shorter), the packed s
 dropout (p=0.1): encoder self-attention, causal decoder self-attention, cross-attention (Tq != Tk).
 Neither side counts the head permutations around it (the padded side's split into and merge out of
 [B, H, T, D]; the packed side's [N, H, D] is a view of a projection). Times: median and interquartile range
-of fwd+bwd in ms after a warm-up, the two sides interleaved (a b a b ...) so that drift hits both.
+(and the minimum) of fwd+bwd in ms after a warm-up, the two sides interleaved (a b a b ...) so that drift hits both.
 """
 import argparse
 import json
@@ -94,7 +94,7 @@ def sides(B, Tq, Tk, H, D, causal, padded, p, seed=0) -> Sides:
 
 
 def time_pair(fns, warmup, repeats):
-    """[(median ms, q1 ms, q3 ms)] per fn, timed in turns."""
+    """[(median ms, q1 ms, q3 ms, min ms)] per fn, timed in turns."""
     for fn in fns:
         for _ in range(warmup):
             fn()
@@ -107,7 +107,7 @@ def time_pair(fns, warmup, repeats):
     out = []
     for t in times:
         q1, med, q3 = statistics.quantiles(t, n=4)
-        out.append((statistics.median(t), q1, q3))
+        out.append((statistics.median(t), q1, q3, min(t)))
     return out
 
 
@@ -128,7 +128,8 @@ def main(argv=None):
     cases = TINY if args.tiny else [c for c in CASES if not args.cases or any(s in c[0] for s in args.cases.split(","))]
     print(f"# varlen_attention vs padded explicit attention, CPU, {args.threads} thread(s), torch {torch.__version__},"
           f" fp32, median [q1, q3] ms of fwd+bwd over {args.repeats} runs")
-    print(f"{'case':14s} {'lengths':7s} {'p':>4s} {'padded ms':>22s} {'varlen ms':>22s} {'speedup':>8s}")
+    print(f"{'case':14s} {'lengths':7s} {'p':>4s} {'padded ms [q1, q3] min':>29s} {'varlen ms [q1, q3] min':>29s}"
+          f" {'speedup':>8s}")
     rows = []
     for name, B, Tq, Tk, H, D, causal in cases:
         for padded in (False, True):
@@ -138,7 +139,7 @@ def main(argv=None):
                 rows.append(dict(case=name, B=B, Tq=Tq, Tk=Tk, H=H, D=D, causal=causal, padded=padded, p=p,
                                  padded_ms=a, varlen_ms=b, speedup=a[0] / b[0]))
                 print(f"{name:14s} {'pad' if padded else '0%':7s} {p:4.1f} "
-                      f"{a[0]:8.2f} [{a[1]:5.2f}, {a[2]:5.2f}] {b[0]:8.2f} [{b[1]:5.2f}, {b[2]:5.2f}] "
+                      f"{a[0]:8.2f} [{a[1]:5.2f}, {a[2]:5.2f}] {a[3]:5.2f} {b[0]:8.2f} [{b[1]:5.2f}, {b[2]:5.2f}] {b[3]:5.2f} "
                       f"{a[0] / b[0]:7.2f}x", flush=True)
     if args.json:
         with open(args.json, "w") as f:

@@ -260,6 +260,7 @@ inline void load_rows(const T* x, int64_t r0, int64_t n, int64_t h, int64_t H, i
   }
 }
 
+#if defined(__GNUC__) && !defined(__clang__)
 // dst[c * ld + 0:8] = column c of the 8 x 8 block at src (rows sr apart), c < 8: three rounds of shuffles
 // (unpack, 64-bit pairs, 128-bit halves) instead of 64 single-element stores a column apart.
 inline void transpose8(const float* src, int64_t sr, float* dst, int64_t ld) {
@@ -281,12 +282,14 @@ inline void transpose8(const float* src, int64_t sr, float* dst, int64_t ld) {
     *reinterpret_cast<V*>(dst + (c + 4) * ld) = __builtin_shuffle(r[c], r[c + 4], I{4, 5, 6, 7, 12, 13, 14, 15});
   }
 }
+#endif
 
 template <typename T, typename A>
 inline void load_cols(const T* x, int64_t r0, int64_t n, int64_t h, int64_t H, int64_t D, A* dst, int64_t ld) {
   const T* src = x + (r0 * H + h) * D;
   const int64_t sr = H * D;
   int64_t r = 0;
+#if defined(__GNUC__) && !defined(__clang__)  // __builtin_shuffle (clang: __builtin_shufflevector)
   if constexpr (std::is_same_v<T, float>) {
     for (; r + 8 <= n; r += 8) {
       int64_t d = 0;
@@ -295,6 +298,7 @@ inline void load_cols(const T* x, int64_t r0, int64_t n, int64_t h, int64_t H, i
         for (int64_t i = r; i < r + 8; ++i) dst[d * ld + i] = src[i * sr + d];
     }
   }
+#endif
   for (; r < n; ++r)
     for (int64_t d = 0; d < D; ++d) dst[d * ld + r] = static_cast<A>(src[r * sr + d]);
   for (int64_t d = 0; d < D; ++d) std::fill(dst + d * ld + n, dst + d * ld + ld, A(0));
