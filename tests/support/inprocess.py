@@ -38,9 +38,9 @@ IN_PROCESS = {"fairseq-train": "fairseq_cli.train", "fairseq-generate": "fairseq
               "fairseq-validate": "fairseq_cli.validate"}
 # the repository's scripts that import the plugin themselves (so that a process of theirs has it too)
 SCRIPTS = ("convert_checkpoint.py", "average_checkpoints.py")
-# the repository's script modules (`python -m M`) whose own process is no part of what they do (the
-# benchmarks' parents: they prepare the data and start one child process per side and round themselves)
-SCRIPT_MODULES = ("scripts.benchmark", "scripts.bench_generate")
+# modules run as `python -m M` whose own process is no part of what they do: the benchmarks' parents
+# (they prepare the data and start one child process per side and round themselves), the export
+SCRIPT_MODULES = ("scripts.benchmark", "scripts.bench_generate", "fairseq_lightseq.export_ctranslate2")
 LOG_FORMAT = "%(asctime)s | %(levelname)s | %(name)s | %(message)s"  # fairseq_cli's basicConfig
 
 
