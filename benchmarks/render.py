@@ -23,7 +23,7 @@ COLUMNS = ["id", "date", "commit", "machine", "load", "family", "mode", "shape",
 FAMILIES = {"translation": "Translation (`ls_transformer*`)",
             "lm": "Language model (`ls_transformer_lm*`)",
             "roberta": "RoBERTa (`ls_roberta*`)"}
-MODES = ["throughput", "host time", "saved bytes", "op", "decoding", "quality", "sequence parallel"]
+MODES = ["throughput", "packed", "host time", "saved bytes", "op", "decoding", "quality", "sequence parallel"]
 STATUSES = {
     "current": "the latest measurement of this figure, on code that still behaves as measured",
     "changed": "the latest measurement, but the code has changed since in a way that may move it (the note says how)",
