@@ -80,13 +80,14 @@ def run_side(spec: dict) -> dict:
     override the counts, e.g. a memory-only pool), warmup, steps, first_step
     (timed step k trains on pool batch (first_step + k) mod pool size), and the
     extras: memory_at (pool labels), syncs (bool), busy_at (a pool label or None), busy_steps,
-    ops_steps (0: none), ops_top, saved_bytes (bool), threads. Returns per pool label: times (s per timed step), skipped
-    (updates fairseq skipped, e.g. fp16 overflow, over warm-up + timed), and the extras' results."""
+    ops_steps (0: none), ops_top, saved_bytes (bool), threads. Returns per pool label: times (s per timed
+    step), skipped (updates fairseq skipped, e.g. fp16 overflow, over warm-up + timed), and the extras'
+    results."""
     import torch
 
     from scripts.bench_support.flops import model_shape
-    from scripts.bench_support.saved_bytes import forward_saved_bytes
     from scripts.bench_support.fused_adamw import register
+    from scripts.bench_support.saved_bytes import forward_saved_bytes
     from scripts.bench_support.sides import build_trainer
 
     if spec.get("threads"):

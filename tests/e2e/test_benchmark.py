@@ -1,6 +1,7 @@
 """scripts/benchmark.py run tiny through its command line, each mode once per model family: throughput
 (sides in turns on pools from fairseq's loader), --host-overhead and --activation-bytes, for translation
-for the LM (--family lm) and for RoBERTa's masked-LM pretraining (--family roberta). The numbers are not judged (tiny models on a shared CPU); what is checked
+for the LM (--family lm) and for RoBERTa's masked-LM pretraining (--family roberta); and --packed on a
+tiny Multi30k-shaped corpus written by the test. The numbers are not judged (tiny models on a shared CPU); what is checked
 is the method: every side trains on the identical step list, the reported ratios are the ones the
 per-step times give, MFU uses the given peak and the family's FLOPs. Marked `e2e`."""
 import json
