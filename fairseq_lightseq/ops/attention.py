@@ -15,7 +15,7 @@ from typing import Optional, Union
 import torch
 
 from . import _backend, reference
-from .dropout_stream import Dropout, as_dropout
+from .dropout_stream import Dropout, as_dropout, flat_draw
 from .reference.attention import CoordsArg, attention_coords
 from .reference.philox import dropout_threshold
 
@@ -46,11 +46,11 @@ def attention_softmax_dropout(scores: torch.Tensor, key_padding_mask: Optional[t
     """dropout(softmax(scale * scores + masks)). scores: [B, H, Tq, Tk] fp32/fp64/bf16 (CPU) or
     fp32/fp16/bf16 (CUDA); key_padding_mask: [B, Tk] bool (True = pad) or None; causal: query i sees
     keys j <= i + Tk - Tq (local indices); p: a Dropout draw over the flat [B, H, Tq, Tk] index, or a
-    float (a fresh seed, offset 0); coords: None, or an AttentionCoords (H_tot, h_off, Tq_tot, q_off,
-    Tk_tot, k_off) placing scores in a global [B, H_tot, Tq_tot, Tk_tot] whose flat index the dropout
-    draws instead (a slice of heads, queries or keys then draws the full call's mask). All-masked rows
-    give zeros. Returns [B, H, Tq, Tk], scores' dtype."""
-    d = as_dropout(p, training)
+    float (a fresh seed, offset 0), without rows (ValueError); coords: None, or an AttentionCoords
+    (H_tot, h_off, Tq_tot, q_off, Tk_tot, k_off) placing scores in a global [B, H_tot, Tq_tot, Tk_tot]
+    whose flat index the dropout draws instead (a slice of heads, queries or keys then draws the full
+    call's mask). All-masked rows give zeros. Returns [B, H, Tq, Tk], scores' dtype."""
+    d = flat_draw(as_dropout(p, training), "attention_softmax_dropout")
     c = [] if coords is None or len(coords) == 0 else list(attention_coords(coords, scores.shape))
     if _backend.use_kernel("attention_softmax_fwd", scores.device.type, scores.dtype):
         return _backend.apply(AttentionSoftmaxDropoutFunction, scores, key_padding_mask, causal, scale, *d, c)
@@ -90,7 +90,7 @@ def attention_softmax_dropout_bmm(scores: torch.Tensor, v: torch.Tensor,
     the other arguments as attention_softmax_dropout's. Returns [B, H, Tq, hd]. For backward it keeps the
     softmax output and v only (autograd through the separate op and bmm would keep the dropped
     probabilities too, a second [B, H, Tq, Tk] tensor)."""
-    d = as_dropout(p, training)
+    d = flat_draw(as_dropout(p, training), "attention_softmax_dropout_bmm")
     c = [] if coords is None or len(coords) == 0 else list(attention_coords(coords, scores.shape))
     if _backend.use_kernel("attention_softmax_fwd", scores.device.type, scores.dtype):
         return _backend.apply(AttentionSoftmaxDropoutBmmFunction, scores, v, key_padding_mask, causal, scale, *d, c)

@@ -1,9 +1,11 @@
 """Differentiable bias+dropout+residual, bias+activation+dropout and plain dropout.
 
 Dropout masks come from the Philox stream (reference/philox.py, csrc/include/fls/philox.h): each op
-takes its draw as a `dropout_stream.Dropout` (p, seed, offset), or a float p for which a seed is drawn from
-torch's default generator (only when training with p > 0), so torch.manual_seed reproduces runs.
-The mask is never stored: backward regenerates it from (seed, offset).
+takes its draw as a `dropout_stream.Dropout` (p, seed, offset, rows), or a float p for which a seed is drawn
+from torch's default generator (only when training with p > 0), so torch.manual_seed reproduces runs.
+The mask is never stored: backward regenerates it from the draw. A draw with rows (packed rows of a
+padded batch, `dropout_stream.at_rows`) reads the input as R rows of its last dim C and gives row r the
+mask of padded row rows[r].
 """
 __all__ = ["bias_dropout_residual", "bias_act_dropout", "dropout", "dropout_mask"]
 
@@ -53,31 +55,33 @@ class BiasActDropoutFunction(torch.autograd.Function):
 def bias_dropout_residual(x: torch.Tensor, bias: torch.Tensor, residual: torch.Tensor, p: Union[float, Dropout],
                           training: bool = True) -> torch.Tensor:
     """residual + dropout(x + bias). x, residual: [..., C]; bias: [C]; one dtype (CPU fp32/fp64/bf16,
-    CUDA fp32/fp16/bf16); p: a Dropout draw, or a float (a fresh seed, offset 0). Returns [..., C] in
+    CUDA fp32/fp16/bf16); p: a Dropout draw (its rows, if any: int64 [R], R = x.numel() // C), or a
+    float (a fresh seed, offset 0). Returns [..., C] in
     x's dtype; math in fp32 (fp64). Under autocast the bias
     takes x's dtype (it is the bias of the linear that made x), then x and residual are promoted, so
     an fp32 residual stream stays fp32 as with PyTorch's own `residual + dropout(x)`."""
     if _backend.autocast_on(x):
         x, bias, residual = _backend.promote(x, bias.to(x.dtype), residual)
     d = as_dropout(p, training)
-    if _backend.use_kernel("bias_dropout_residual_fwd", x.device.type, x.dtype):
-        return _backend.apply(BiasDropoutResidualFunction, x, bias, residual, *d)
+    if d.rows is None and _backend.use_kernel("bias_dropout_residual_fwd", x.device.type, x.dtype):
+        return _backend.apply(BiasDropoutResidualFunction, x, bias, residual, d.p, d.seed, d.offset)
     return reference.bias_dropout_residual(x, bias, residual, *d)
 
 
 def bias_act_dropout(x: torch.Tensor, bias: torch.Tensor, p: Union[float, Dropout], act: str = "relu",
                      training: bool = True) -> torch.Tensor:
-    """dropout(act(x + bias)), act in relu | gelu (erf) | gelu_tanh. x: [..., C]; bias: [C]; one dtype.
-    Returns [..., C] in x's dtype; math in fp32 (fp64). Under autocast the bias takes x's dtype, as
-    the linear's own bias would."""
+    """dropout(act(x + bias)), act in relu | gelu (erf) | gelu_tanh. x: [..., C]; bias: [C]; one dtype;
+    p: a Dropout draw (its rows, if any: int64 [R], R = x.numel() // C), or a float. Returns [..., C] in
+    x's dtype; math in fp32 (fp64). Under autocast the bias takes x's dtype, as the linear's own bias
+    would."""
     if _backend.autocast_on(x):
         bias = bias.to(x.dtype)
     if act not in ACTIVATIONS:
         raise ValueError(f"bias_act_dropout: act must be one of {ACTIVATIONS}, got {act!r}")
     d = as_dropout(p, training)
-    if _backend.use_kernel("bias_act_dropout_fwd", x.device.type, x.dtype):
+    if d.rows is None and _backend.use_kernel("bias_act_dropout_fwd", x.device.type, x.dtype):
         return _backend.apply(BiasActDropoutFunction, x, bias, d.p, act, d.seed, d.offset)
-    return reference.bias_act_dropout(x, bias, d.p, act, d.seed, d.offset)
+    return reference.bias_act_dropout(x, bias, d.p, act, d.seed, d.offset, d.rows)
 
 
 def dropout_mask(numel: int, p: float, seed: int, offset: int = 0, device="cpu") -> torch.Tensor:
@@ -114,14 +118,15 @@ def _mask_compiled(device: torch.device) -> bool:
 
 def dropout(x: torch.Tensor, p: Union[float, Dropout], training: bool = True) -> torch.Tensor:
     """x * keep / (1 - p), keep = the Philox mask over x's flat (row-major) index: element e draws stream
-    element offset + e. x: any shape and float dtype; p: a Dropout draw, or a float (a fresh seed,
+    element offset + e (with rows: element (r, c) of x read as R rows of its last dim C draws
+    offset + rows[r] * C + c). x: any shape and float dtype; p: a Dropout draw, or a float (a fresh seed,
     offset 0). Returns x's shape and dtype (x itself when off: not training, or floor(p * 2^24) == 0).
     The dropout of fairseq's --layernorm-embedding; reference.dropout is its spec."""
     d = as_dropout(p, training)
     if dropout_threshold(d.p) == 0:
         return x
-    if _mask_compiled(x.device):
-        return _backend.apply(DropoutFunction, x, *d)
+    if d.rows is None and _mask_compiled(x.device):
+        return _backend.apply(DropoutFunction, x, d.p, d.seed, d.offset)
     return reference.dropout(x, *d)
 
 

@@ -6,12 +6,16 @@ backward regenerates it instead of keeping it. One forward pass draws one seed (
 torch's default generator: torch.manual_seed and fairseq's per-update reseeding make runs reproducible)
 and gives each dropout site its own range of the stream (`draw(p, active, seed, site)`: offset
 site << SITE_BITS), so the masks of two sites never overlap.
+
+A token-wise op over packed rows (the real tokens of a padded [T, B, C] batch, in any order) draws the
+padded run's mask with a row map (`at_rows(d, rows)`): its row r is padded row rows[r] (= t * B + b),
+so its element (r, c) draws stream element offset + rows[r] * C + c.
 """
-from typing import NamedTuple, Optional, Union
+from typing import NamedTuple, Optional, Tuple, Union
 
 import torch
 
-__all__ = ["SITE_BITS", "NO_DROPOUT", "Dropout", "as_dropout", "draw", "next_seed"]
+__all__ = ["SITE_BITS", "NO_DROPOUT", "Dropout", "as_dropout", "at_rows", "draw", "flat_draw", "next_seed"]
 
 
 def next_seed() -> int:
@@ -31,15 +35,37 @@ class Dropout(NamedTuple):
     """One dropout draw of the Philox stream, the argument every fused op with dropout takes.
 
     p: drop probability in [0, 1] (0 = off); seed: the Philox key (int64); offset: the stream element
-    at which this op's mask starts (the op's element e uses stream element offset + e). Backward
-    regenerates the mask from the same triple, so it is all an op keeps of its dropout."""
+    at which this op's mask starts. rows: None, or an int64 [R] tensor (values >= 0) on the op's
+    device: the row map of a token-wise op. Without rows the op's element e (of its flat row-major
+    index) draws stream element offset + e; with rows the op's input is read as R rows of its last
+    dim C and element (r, c) draws stream element offset + rows[r] * C + c. Backward regenerates the
+    mask from the same draw, so it is all an op keeps of its dropout. The attention ops and the
+    compiled blocks place their elements by their own coordinates and take no rows (`flat_draw`)."""
 
     p: float = 0.0
     seed: int = 0
     offset: int = 0
+    rows: Optional[torch.Tensor] = None
 
 
 NO_DROPOUT = Dropout()
+
+
+def at_rows(d: Dropout, rows: torch.Tensor) -> Dropout:
+    """d with the row map `rows` (int64 [R], the packed rows' padded row indices, on the op's
+    device); d itself when it is off (p == 0), so an eval-mode draw stays NO_DROPOUT."""
+    if not d.p:
+        return d
+    return d._replace(rows=rows)
+
+
+def flat_draw(d: Dropout, op: str) -> Tuple[float, int, int]:
+    """(p, seed, offset) of d for an op that draws over its own flat index or coordinates (`op`
+    names it in the error): a ValueError when d has a row map, which such an op cannot follow."""
+    if d.rows is not None:
+        raise ValueError(f"{op}: the dropout draw has rows (a row map of a token-wise op); this op places its "
+                         f"mask by its own coordinates and takes a Dropout without rows")
+    return d.p, d.seed, d.offset
 
 
 def draw(p: float, active: bool = True, seed: Optional[int] = None, site: int = 0) -> Dropout:
@@ -57,9 +83,3 @@ def as_dropout(p: Union[float, Dropout], training: bool) -> Dropout:
     if isinstance(p, Dropout):
         return p if training else NO_DROPOUT
     return draw(p, training)
-
-
-def at_rows(d: Dropout, rows):  # TEMPORARY stand-in until the row-mapped ops land (merge takes theirs)
-    if not d.p:
-        return d
-    raise NotImplementedError("row-mapped dropout")

@@ -47,14 +47,16 @@ def embedding(tokens: torch.Tensor, weight: torch.Tensor, pos_weight: Optional[t
     tokens: [B, T] int64; weight: [V, E]; pos_weight: [P, E] or None; positions: [B, T] int64
     (default: fairseq's make_positions; incremental decoding passes its own). Gradients flow to weight and
     pos_weight (if it requires grad). Token ids must be in [0, V) and positions in [0, P).
-    p: a Dropout draw over the flat [B, T, E] index, or a float (a fresh seed, offset 0)."""
+    p: a Dropout draw over the flat [B, T, E] index, or a float (a fresh seed, offset 0); a draw with
+    rows (int64 [B*T]) maps the B*T output rows of E (row b*T + t) to padded rows (ops.dropout_stream.Dropout)."""
     d = as_dropout(p, training)
-    if _backend.use_kernel("embedding_fwd", weight.device.type, weight.dtype):
+    if d.rows is None and _backend.use_kernel("embedding_fwd", weight.device.type, weight.dtype):
         if pos_weight is not None and positions is None:
             positions = reference.make_positions(tokens, padding_idx)
-        return _backend.apply(EmbeddingFunction, tokens, weight, pos_weight, positions, padding_idx, float(scale), *d)
+        return _backend.apply(EmbeddingFunction, tokens, weight, pos_weight, positions, padding_idx, float(scale),
+                              d.p, d.seed, d.offset)
     return reference.embedding(tokens, weight, pos_weight, padding_idx, scale, d.p, d.seed, d.offset,
-                               positions=positions)
+                               positions=positions, rows=d.rows)
 
 
 @_backend.register_fake("embedding_fwd")

@@ -16,7 +16,7 @@ from typing import Optional, Union
 import torch
 
 from . import _backend, reference
-from .dropout_stream import Dropout, as_dropout
+from .dropout_stream import Dropout, as_dropout, flat_draw
 from .reference.varlen_attention import VarlenCoords
 
 
@@ -53,11 +53,11 @@ def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
     length (they size the CUDA grid; no device read). causal: query i of a sentence sees keys
     j <= i + Lk - Lq (decoder self-attention, Lq == Lk: j <= i); else all its keys. scale: the q.k
     multiplier (default D ** -0.5). p: the attention-dropout draw (a Dropout over the padded problem's
-    flat [B, H, Tq, Tk] index, as attention_softmax_dropout's), or a float (a fresh seed, offset 0);
-    coords: VarlenCoords placing each sentence in that padded problem (default: right padding to
+    flat [B, H, Tq, Tk] index, as attention_softmax_dropout's, without rows: ValueError), or a float (a
+    fresh seed, offset 0); coords: VarlenCoords placing each sentence in that padded problem (default: right padding to
     max_seqlen_q / _k), so that packed and padded runs draw the same masks. Returns [Nq, H, D], q's dtype;
     a query that sees no key gives zeros. Never builds a [N, N] mask or a padded [B, T, T] tensor."""
-    d = as_dropout(p, training)
+    d = flat_draw(as_dropout(p, training), "varlen_attention")
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     if _backend.use_kernel("varlen_attention_fwd", q.device.type, q.dtype):
         padded_q, padded_k, starts = (0, 0, None) if coords is None else coords

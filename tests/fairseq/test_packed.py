@@ -23,7 +23,7 @@ from fairseq_lightseq.models.ls_transformer_lm import LSTransformerLanguageModel
 from fairseq_lightseq.modules import packing
 from fairseq_lightseq.modules.multihead_attention import LSMultiheadAttention
 
-DROPOUT = dict(dropout=0.0, attention_dropout=0.0, activation_dropout=0.0)  # TEMP
+DROPOUT = dict(dropout=0.1, attention_dropout=0.1, activation_dropout=0.1)
 RTOL = 1e-10
 
 # lengths of the rows of one batch (source, target): a length-1 row, one long row among short ones, and
@@ -124,11 +124,11 @@ def test_fairseqs_criteria_get_unpacked_outputs():
 
 @pytest.mark.parametrize("variant", ["pre_ln_separate", "post_ln_learned_layernorm_embedding"])
 def test_translation_variants_packed_equal_padded(variant):
-    """Separate dictionaries and embeddings with pre-LN; learned positions, --layernorm-embedding and no
+    """Separate dictionaries and embeddings with pre-LN and --checkpoint-activations; learned positions, --layernorm-embedding and no
     embedding scale with post-LN; --decoder-output-dim projections."""
     if variant == "pre_ln_separate":
         task = make_task(joined=False)
-        options = dict(encoder_normalize_before=True, decoder_normalize_before=True)
+        options = dict(encoder_normalize_before=True, decoder_normalize_before=True, checkpoint_activations=True)
     else:
         task = make_task()
         options = dict(encoder_learned_pos=True, decoder_learned_pos=True, layernorm_embedding=True,

@@ -83,7 +83,7 @@ def test_softmax_dropout_bmm_matches_reference(device, dtype, case, p, coords):
     xr, xvr = s.clone().requires_grad_(), v.clone().requires_grad_()
     draw = ops.draw(p, True, SEED, 5)
     out = ops.attention_softmax_dropout_bmm(x, xv, m, causal, SCALE, draw, coords=coords)
-    probs = reference.attention_softmax_dropout(xr, m, causal, SCALE, *draw, coords)
+    probs = reference.attention_softmax_dropout(xr, m, causal, SCALE, *draw[:3], coords)
     ref = torch.matmul(probs, xvr)
     assert out.shape == (B, H, Tq, hd) and out.dtype == dtype
     assert_close(out, ref, scale=4)

@@ -1,11 +1,13 @@
-"""bias_dropout_residual and bias_act_dropout: the fused kernels against the reference with the same
-(seed, offset), forward and backward, plus gradcheck, determinism and argument checks."""
+"""bias_dropout_residual, bias_act_dropout and dropout: the fused kernels against the reference with the same
+(seed, offset), forward and backward, plus gradcheck, determinism and argument checks; with a row map
+(packed rows), the padded call's rows."""
 import pytest
 import torch
 
-from support.tensors import DEVICE_DTYPES, assert_close, randn
+from support.packing import packed_rows, padding_mask
+from support.tensors import DEVICE_DTYPES, assert_close, assert_same_or_close, randn
 from fairseq_lightseq import ops
-from fairseq_lightseq.ops import _backend, reference
+from fairseq_lightseq.ops import _backend, dropout_stream, reference
 from fairseq_lightseq.ops.dropout import BiasActDropoutFunction, BiasDropoutResidualFunction
 
 SHAPES = [(1, 7), (3, 129), (4097, 7), (1, 1024), (3, 1024), (4097, 129), (2, 5, 129)]
@@ -354,3 +356,175 @@ def test_plain_dropout_seeding_and_off_cases():
 def test_gradcheck_plain_dropout_float64():
     x = randn(3, 7, dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradcheck(lambda t: ops.dropout(t, ops.Dropout(0.3, SEED, 2)), (x,))
+
+
+# ---- packed rows: a draw with a row map gives packed row r the mask of padded row rows[r] ----
+
+
+def _same_mask_close(actual, expected):
+    """The same dropout mask (zeros) and values within twice the dtype's tolerance."""
+    assert torch.equal(actual == 0, expected == 0)
+    assert_close(actual, expected, scale=2)
+
+T_PAD, B_PAD = 6, 3
+# name -> (argument kinds: "rows" a [T, B, C] stream packed to [R, C], "param" a [C] vector; call(args, draw))
+ROW_OPS = {
+    "dropout": (("rows",), lambda a, d: ops.dropout(a[0], d)),
+    "bias_dropout_residual": (("rows", "param", "rows"), lambda a, d: ops.bias_dropout_residual(a[0], a[1], a[2], d)),
+    "bias_act_dropout": (("rows", "param"), lambda a, d: ops.bias_act_dropout(a[0], a[1], d, "gelu")),
+}
+ROW_REFERENCES = {
+    "dropout": lambda a, d: reference.dropout(a[0], *d),
+    "bias_dropout_residual": lambda a, d: reference.bias_dropout_residual(a[0], a[1], a[2], *d),
+    "bias_act_dropout": lambda a, d: reference.bias_act_dropout(a[0], a[1], d.p, "gelu", d.seed, d.offset, d.rows),
+}
+
+
+def _padded_args(kinds, C, device, dtype, seed=0):
+    return [randn(*((T_PAD, B_PAD, C) if k == "rows" else (C,)), dtype=dtype, device=device, seed=seed + i,
+                  requires_grad=True) for i, k in enumerate(kinds)]
+
+
+def _pack(kinds, args, rows):
+    """The packed arguments: each [T, B, C] stream's rows `rows` ([R, C]), parameters as they are."""
+    return [(a.detach().reshape(-1, a.shape[-1])[rows] if k == "rows" else a.detach().clone()).requires_grad_()
+            for k, a in zip(kinds, args)]
+
+
+@pytest.mark.parametrize("device,dtype", DEVICE_DTYPES)
+@pytest.mark.parametrize("name", sorted(ROW_OPS))
+@pytest.mark.parametrize("C", [7, 13])
+@pytest.mark.parametrize("layout", ["left", "right"])
+def test_packed_call_equals_the_padded_call_at_its_rows(device, dtype, name, C, layout):
+    """Forward: the packed output is the padded output's rows. Backward with the padded rows' gradient
+    (zero at pad rows, which the packed call does not have): the same input rows' gradients and the same
+    parameter gradients (summed in another order)."""
+    kinds, call = ROW_OPS[name]
+    pad = padding_mask(T_PAD, B_PAD, layout, seed=C)
+    rows = packed_rows(pad).to(device)
+    d = ops.Dropout(0.3, SEED, (5 << 40) + 3)
+    args = _padded_args(kinds, C, device, dtype)
+    packed = _pack(kinds, args, rows)
+    y = call(args, d)
+    yp = call(packed, dropout_stream.at_rows(d, rows))
+    assert yp.shape == (rows.numel(), C) and yp.dtype == dtype
+    _same_mask_close(yp, y.reshape(-1, C)[rows])
+    g = randn(T_PAD, B_PAD, C, dtype=dtype, device=device, seed=9) * (~pad).to(device).unsqueeze(-1).to(dtype)
+    grads = torch.autograd.grad(y, args, g)
+    grads_p = torch.autograd.grad(yp, packed, g.reshape(-1, C)[rows])
+    for k, full, got in zip(kinds, grads, grads_p):
+        if k == "rows":
+            _same_mask_close(got, full.reshape(-1, C)[rows])
+        else:
+            assert_close(got, full, scale=4)
+
+
+@pytest.mark.parametrize("device,dtype", DEVICE_DTYPES)
+@pytest.mark.parametrize("name", sorted(ROW_OPS))
+def test_identity_row_map_is_the_op_without_rows(device, dtype, name):
+    """A batch without padding: rows = arange(T * B) draws the op's own flat-index mask."""
+    kinds, call = ROW_OPS[name]
+    rows = packed_rows(padding_mask(T_PAD, B_PAD, "none")).sort().values.to(device)
+    assert torch.equal(rows.cpu(), torch.arange(T_PAD * B_PAD))
+    args = _pack(kinds, _padded_args(kinds, 13, device, dtype), rows)
+    d = ops.Dropout(0.4, SEED, 6)
+    y, yr = call(args, d), call(args, dropout_stream.at_rows(d, rows))
+    _same_mask_close(yr, y)
+    g = randn(*y.shape, dtype=dtype, device=device, seed=3)
+    for a, b in zip(torch.autograd.grad(y, args, g), torch.autograd.grad(yr, args, g)):
+        _same_mask_close(b, a)
+
+
+@pytest.mark.parametrize("device,dtype", DEVICE_DTYPES)
+@pytest.mark.parametrize("name", sorted(ROW_OPS))
+@pytest.mark.parametrize("rows", [[], [T_PAD * B_PAD - 1]], ids=["R0", "R1"])
+def test_zero_and_one_packed_rows(device, dtype, name, rows):
+    kinds, call = ROW_OPS[name]
+    rows = torch.tensor(rows, dtype=torch.int64, device=device)
+    args = _padded_args(kinds, 7, device, dtype)
+    packed = _pack(kinds, args, rows)
+    d = ops.Dropout(0.5, SEED, 1)
+    y, yp = call(args, d), call(packed, dropout_stream.at_rows(d, rows))
+    assert yp.shape == (rows.numel(), 7)
+    _same_mask_close(yp, y.reshape(-1, 7)[rows])
+    grads = torch.autograd.grad(yp, packed, torch.ones_like(yp))
+    assert all(g.shape == a.shape for g, a in zip(grads, packed))
+    if rows.numel() == 0:
+        assert not any(g.any() for g in grads)
+
+
+@pytest.mark.parametrize("device,dtype", DEVICE_DTYPES)
+@pytest.mark.parametrize("name", sorted(ROW_OPS))
+@pytest.mark.parametrize("offset", [0, 3, (1 << 33) + 1])
+def test_row_map_kernels_match_reference(device, dtype, name, offset):
+    """Any row map (unsorted, repeated, far rows) against the reference, forward and backward."""
+    kinds, call = ROW_OPS[name]
+    rows = torch.tensor([9, 0, 4, 4, 1 << 30, 3, 17], dtype=torch.int64, device=device)
+    args = [randn(*((rows.numel(), 13) if k == "rows" else (13,)), dtype=dtype, device=device, seed=i,
+                  requires_grad=True) for i, k in enumerate(kinds)]
+    args_r = [a.detach().clone().requires_grad_() for a in args]
+    d = ops.Dropout(0.3, SEED, offset, rows)
+    y, yr = call(args, d), ROW_REFERENCES[name](args_r, d)
+    assert_close(y, yr)
+    assert not torch.allclose(y, call(args, ops.NO_DROPOUT))  # the mask drops something
+    g = randn(*y.shape, dtype=dtype, device=device, seed=5)
+    for a, b in zip(torch.autograd.grad(y, args, g), torch.autograd.grad(yr, args_r, g)):
+        assert_close(a, b, scale=4)
+
+
+@pytest.mark.parametrize("name", sorted(ROW_OPS))
+def test_gradcheck_with_rows_float64(name):
+    kinds, call = ROW_OPS[name]
+    rows = torch.tensor([5, 0, 11, 2], dtype=torch.int64)
+    args = [randn(*((4, 7) if k == "rows" else (7,)), dtype=torch.float64, seed=i, requires_grad=True)
+            for i, k in enumerate(kinds)]
+    d = ops.Dropout(0.3, SEED, 2, rows)
+    assert torch.autograd.gradcheck(lambda *a: call(a, d), tuple(args))
+
+
+def test_at_rows_sets_the_row_map_of_an_active_draw_only():
+    rows = torch.tensor([3, 1])
+    d = ops.Dropout(0.1, SEED, 7)
+    assert dropout_stream.at_rows(d, rows).rows is rows and dropout_stream.at_rows(d, rows)[:3] == d[:3]
+    assert dropout_stream.at_rows(ops.NO_DROPOUT, rows) is ops.NO_DROPOUT
+    assert d.rows is None and ops.NO_DROPOUT.rows is None
+
+
+@pytest.mark.parametrize("rows,match", [
+    (torch.tensor([0, 1], dtype=torch.int32), "rows must be a 1-D int64"),
+    (torch.tensor([[0, 1]]), "rows must be a 1-D int64"),
+    (torch.tensor([0, 1, 2]), "3 rows"),
+])
+@pytest.mark.parametrize("name", sorted(ROW_OPS))
+def test_bad_row_map_names_rows(name, rows, match):
+    kinds, call = ROW_OPS[name]
+    args = [randn(*((2, 7) if k == "rows" else (7,))) for k in kinds]
+    with pytest.raises((ValueError, RuntimeError), match=match):
+        call(args, ops.Dropout(0.3, SEED, 0, rows))
+
+
+def _rejected_calls():
+    """Every op that places its dropout by its own coordinates, called with a draw that has rows: they
+    check the draw before using any other argument."""
+    from fairseq_lightseq.ops.blocks.attention import AttentionBlockConfig, attention_block
+    from fairseq_lightseq.ops.blocks.feed_forward import FeedForwardBlockConfig, feed_forward_block
+
+    rowed = ops.Dropout(0.1, SEED, 0, torch.tensor([0]))
+    s = randn(1, 1, 2, 2)
+    q = randn(2, 1, 4)
+    cu = torch.tensor([0, 2], dtype=torch.int32)
+    ffn = FeedForwardBlockConfig("relu", ops.NO_DROPOUT, rowed, False, 1e-5)
+    attn = AttentionBlockConfig(1, 1.0, False, False, 1e-5, rowed, ops.NO_DROPOUT)
+    return {
+        "attention_softmax_dropout": lambda: ops.attention_softmax_dropout(s, p=rowed),
+        "attention_softmax_dropout_bmm": lambda: ops.attention_softmax_dropout_bmm(s, randn(1, 1, 2, 3), p=rowed),
+        "varlen_attention": lambda: ops.varlen_attention(q, q, q, cu, cu, 2, 2, p=rowed),
+        "feed_forward_block": lambda: feed_forward_block(*(None,) * 7, ffn),
+        "attention_block": lambda: attention_block(*(None,) * 13, attn),
+    }
+
+
+@pytest.mark.parametrize("name", sorted(_rejected_calls()))
+def test_ops_with_their_own_coordinates_reject_a_row_map(name):
+    with pytest.raises(ValueError, match=f"{name}: the dropout draw has rows"):
+        _rejected_calls()[name]()

@@ -1,4 +1,5 @@
-"""embedding: token lookup * scale + positions + dropout, the kernels against the reference and fairseq."""
+"""embedding: token lookup * scale + positions + dropout, the kernels against the reference and fairseq; with a
+row map (packed tokens), the padded call's rows."""
 import os
 import subprocess
 import sys
@@ -6,9 +7,10 @@ import sys
 import pytest
 import torch
 
-from support.tensors import DEVICE_DTYPES, HAS_CUDA, assert_close, randn
+from support.packing import packed_rows, padding_mask
+from support.tensors import DEVICE_DTYPES, HAS_CUDA, assert_close, assert_same_or_close, randn
 from fairseq_lightseq import ops
-from fairseq_lightseq.ops import _backend, reference
+from fairseq_lightseq.ops import _backend, dropout_stream, reference
 from fairseq_lightseq.ops.embedding import EmbeddingFunction
 
 PAD = 1
@@ -363,3 +365,118 @@ def test_cuda_bad_token_names_the_limit(op, tokens, positions, match):
     out = r.stdout + r.stderr
     assert r.returncode != 0 and "NO ERROR" not in out, out[-3000:]
     assert match in out, out[-3000:]
+
+
+# ---- packed rows: the real tokens of a time-major [T, B] batch, with the row map of their padded rows ----
+
+
+def _same_mask_close(actual, expected):
+    """The same dropout mask (zeros) and values within twice the dtype's tolerance."""
+    assert torch.equal(actual == 0, expected == 0)
+    assert_close(actual, expected, scale=2)
+
+def _time_major_batch(T, B, layout, device, seed=0):
+    """Tokens [T, B] in [2, 20) with pad tokens where the padding mask says, and fairseq's positions of
+    the padded tokens (the packed model computes them before packing)."""
+    pad = padding_mask(T, B, layout, seed=seed)
+    tok = torch.randint(2, 20, (T, B), generator=torch.Generator().manual_seed(seed)).masked_fill(pad, PAD)
+    positions = reference.make_positions(tok.t(), PAD).t().contiguous()
+    return tok.to(device), positions.to(device), pad
+
+
+def _packed(t, rows):
+    """The packed [R, 1] tokens or positions of a [T, B] tensor (R rows of E in the output)."""
+    return t.reshape(-1)[rows].view(-1, 1)
+
+
+@pytest.mark.parametrize("device,dtype", DEVICE_DTYPES)
+@pytest.mark.parametrize("e", [7, 13])
+@pytest.mark.parametrize("layout", ["left", "right"])
+@pytest.mark.parametrize("pos_mode", ["learned", "none"])
+def test_packed_call_equals_the_padded_call_at_its_rows(device, dtype, e, layout, pos_mode):
+    T, B = 6, 3
+    tok, positions, pad = _time_major_batch(T, B, layout, device, seed=e)
+    rows = packed_rows(pad).to(device)
+    w, pw = _tables(20, e, pos_mode, T + PAD + 1, device, dtype)
+    d = ops.Dropout(0.3, 77, (2 << 40) + 1)
+    y = ops.embedding(tok, w, pw, PAD, e**0.5, d, positions=positions)
+    yp = ops.embedding(_packed(tok, rows), w, pw, PAD, e**0.5, dropout_stream.at_rows(d, rows),
+                       positions=_packed(positions, rows))
+    assert yp.shape == (rows.numel(), 1, e)
+    _same_mask_close(yp.view(-1, e), y.view(-1, e)[rows])
+    g = randn(T, B, e, dtype=dtype, device=device, seed=4)
+    # pad tokens give no gradient, so the padded call's gradient is the real tokens' (summed in another order)
+    for got, full in zip(_grads(yp, w, pw, g.view(-1, e)[rows].view(-1, 1, e)), _grads(y, w, pw, g)):
+        assert_close(got, full, scale=4)
+
+
+@pytest.mark.parametrize("device,dtype", DEVICE_DTYPES)
+def test_identity_row_map_is_the_op_without_rows(device, dtype):
+    tok, positions, pad = _time_major_batch(5, 4, "none", device)
+    rows = torch.arange(tok.numel(), device=device)
+    assert torch.equal(packed_rows(pad).sort().values, rows.cpu())
+    w, pw = _tables(20, 13, "learned", 5 + PAD + 1, device, dtype)
+    d = ops.Dropout(0.4, 77, 5)
+    y = ops.embedding(tok, w, pw, PAD, 2.0, d, positions=positions)
+    yr = ops.embedding(tok, w, pw, PAD, 2.0, dropout_stream.at_rows(d, rows), positions=positions)
+    _same_mask_close(yr, y)
+    g = randn(*y.shape, dtype=dtype, device=device, seed=2)
+    for a, b in zip(_grads(yr, w, pw, g), _grads(y, w, pw, g)):
+        _same_mask_close(a, b)
+
+
+@pytest.mark.parametrize("device,dtype", DEVICE_DTYPES)
+@pytest.mark.parametrize("rows", [[], [17]], ids=["R0", "R1"])
+def test_zero_and_one_packed_rows(device, dtype, rows):
+    tok, positions, _ = _time_major_batch(6, 3, "none", device)
+    rows = torch.tensor(rows, dtype=torch.int64, device=device)
+    w, pw = _tables(20, 7, "learned", 6 + PAD + 1, device, dtype)
+    d = ops.Dropout(0.5, 77, 0)
+    y = ops.embedding(tok, w, pw, PAD, 1.0, d, positions=positions)
+    yp = ops.embedding(_packed(tok, rows), w, pw, PAD, 1.0, dropout_stream.at_rows(d, rows),
+                       positions=_packed(positions, rows))
+    assert yp.shape == (rows.numel(), 1, 7)
+    _same_mask_close(yp.view(-1, 7), y.view(-1, 7)[rows])
+    dw, dp = _grads(yp, w, pw, torch.ones_like(yp))
+    assert dw.shape == w.shape and dp.shape == pw.shape
+    if rows.numel() == 0:
+        assert not dw.any() and not dp.any()
+
+
+@pytest.mark.parametrize("device,dtype", DEVICE_DTYPES)
+@pytest.mark.parametrize("offset", [0, 3, 2**35 + 5])
+def test_row_map_kernel_matches_reference(device, dtype, offset):
+    """Any row map (unsorted, repeated, far rows) against the reference, forward and backward; the
+    tokens [2, 3] lay the rows out as b * T + t."""
+    tok = torch.tensor([[2, 5, PAD], [5, 3, 2]], device=device)
+    positions = reference.make_positions(tok, PAD)
+    rows = torch.tensor([7, 0, 2, 2, 1 << 30, 9], dtype=torch.int64, device=device)
+    w, pw = _tables(8, 13, "learned", 6, device, dtype)
+    d = ops.Dropout(0.3, 77, offset, rows)
+    y = ops.embedding(tok, w, pw, PAD, 1.5, d, positions=positions)
+    w64, pw64 = _f64(w), _f64(pw)
+    yr = reference.embedding(tok, w64, pw64, PAD, 1.5, d.p, d.seed, d.offset, positions=positions, rows=rows)
+    assert_close(y, yr, dtype=dtype, scale=2)
+    assert torch.equal(y == 0, yr == 0) and (yr[tok != PAD] == 0).any()
+    g = randn(*y.shape, dtype=dtype, device=device, seed=3)
+    for a, b in zip(_grads(y, w, pw, g), _grads(yr, w64, pw64, g.double())):
+        assert_close(a, b, dtype=dtype, scale=4)
+
+
+def test_gradcheck_with_rows_float64():
+    tok = torch.tensor([[2, 3, 2, 4, PAD], [PAD, PAD, 3, 3, 2]])
+    w = randn(6, 5, dtype=torch.float64, seed=1, requires_grad=True)
+    pw = randn(8, 5, dtype=torch.float64, seed=2, requires_grad=True)
+    positions = reference.make_positions(tok, PAD)
+    d = ops.Dropout(0.3, 42, 1, torch.tensor([9, 0, 4, 3, 12, 1, 2, 5, 7, 30]))
+    assert torch.autograd.gradcheck(lambda w, pw: ops.embedding(tok, w, pw, PAD, 1.7, d, positions=positions), (w, pw))
+
+
+@pytest.mark.parametrize("rows,match", [
+    (torch.tensor([0, 1], dtype=torch.int32), "rows must be a 1-D int64"),
+    (torch.tensor([0, 1, 2]), "3 rows"),
+])
+def test_bad_row_map_names_rows(rows, match):
+    w, pw = _tables(10, 8, "learned", 12, "cpu", torch.float32)
+    with pytest.raises((ValueError, RuntimeError), match=match):
+        ops.embedding(torch.tensor([[2, 3]]), w, pw, PAD, 1.0, ops.Dropout(0.3, 1, 0, rows))

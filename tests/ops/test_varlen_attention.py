@@ -45,7 +45,7 @@ def _ours(q, k, v, cu_q, cu_k, mq, mk, causal, scale, draw, coords):
 
 
 def _ref(q, k, v, cu_q, cu_k, mq, mk, causal, scale, draw, coords):
-    return reference.varlen_attention(q, k, v, cu_q, cu_k, mq, mk, causal, scale, *draw, coords)
+    return reference.varlen_attention(q, k, v, cu_q, cu_k, mq, mk, causal, scale, *draw[:3], coords)
 
 
 # (query lengths, key lengths, causal): encoder self, decoder self (causal), cross (target vs source lengths),

@@ -34,7 +34,7 @@ import torch
 import torch._guards
 
 from .. import _backend
-from ..dropout_stream import Dropout
+from ..dropout_stream import Dropout, flat_draw
 
 
 def _causal_lower_right():
@@ -54,7 +54,8 @@ class AttentionBlockConfig(NamedTuple):
     num_heads: H; scale: the q.k multiplier (head_dim ** -0.5); causal: query i sees keys
     j <= i + Tk - Tq; normalize_before: pre-LN (LN on the block input) else post-LN (LN on the
     residual sum); eps: the layer norm's; attn_dropout: the draw over the [B, H, Tq, Tk]
-    probabilities; dropout: the draw over the [Tq, B, E] output before the residual; sdpa: run
+    probabilities; dropout: the draw over the [Tq, B, E] output before the residual (both over the
+    flat index: a draw with rows is a ValueError); sdpa: run
     torch's scaled_dot_product_attention (its dropout draws from torch's CUDA generator); recompute:
     backward projects q, k, v again from the block input (and reruns SDPA's forward without attention
     dropout, or rebuilds the merged heads on the explicit path) instead of keeping them: less memory
@@ -166,12 +167,11 @@ def attention_block(x, memory, key_padding_mask, ln_weight, ln_bias, wq, bq, wk,
 
     The compiled op `attention_block` (explicit attention) or `attention_block_sdpa` (torch SDPA), whose
     autograd node is C++ (csrc/ops/blocks.cpp): forward and backward never enter Python."""
-    a, d = cfg.attn_dropout, cfg.dropout
+    a, d = flat_draw(cfg.attn_dropout, "attention_block"), flat_draw(cfg.dropout, "attention_block")
     if cfg.sdpa:
         return _backend.ops().attention_block_sdpa(x, memory, key_padding_mask, ln_weight, ln_bias, wq, bq, wk, bk, wv,
                                                    bv, wo, bo, cfg.num_heads, cfg.scale, cfg.causal,
-                                                   cfg.normalize_before, cfg.eps, a.p, d.p, d.seed, d.offset,
-                                                   cfg.recompute)
+                                                   cfg.normalize_before, cfg.eps, a[0], *d, cfg.recompute)
     return _backend.ops().attention_block(x, memory, key_padding_mask, ln_weight, ln_bias, wq, bq, wk, bk, wv, bv, wo,
                                           bo, cfg.num_heads, cfg.scale, cfg.causal, cfg.normalize_before, cfg.eps,
-                                          a.p, a.seed, a.offset, d.p, d.seed, d.offset, cfg.recompute)
+                                          *a, *d, cfg.recompute)

@@ -13,12 +13,13 @@ from typing import NamedTuple
 import torch
 
 from .. import _backend
-from ..dropout_stream import Dropout
+from ..dropout_stream import Dropout, flat_draw
 
 
 class FeedForwardBlockConfig(NamedTuple):
     """act: relu | gelu | gelu_tanh; act_dropout: the draw over the [T, B, F] activations;
-    dropout: the draw over the [T, B, E] output before the residual; normalize_before: pre-LN else
+    dropout: the draw over the [T, B, E] output before the residual (both over the flat index: a draw
+    with rows is a ValueError); normalize_before: pre-LN else
     post-LN; eps: the layer norm's."""
 
     act: str
@@ -35,6 +36,6 @@ def feed_forward_block(x, ln_weight, ln_bias, w1, b1, w2, b2, cfg: FeedForwardBl
     """x: [T, B, E]; ln_*: [E]; w1: [F, E]; b1: [F]; w2: [E, F]; b2: [E]; one dtype; cfg:
     FeedForwardBlockConfig. Returns [T, B, E]: post-LN LN(x + dropout(fc2(act_dropout(fc1(x))))), pre-LN
     x + dropout(fc2(...(LN(x)))). One compiled op whose autograd node is C++ (csrc/ops/blocks.cpp)."""
-    a, d = cfg.act_dropout, cfg.dropout
+    a, d = flat_draw(cfg.act_dropout, "feed_forward_block"), flat_draw(cfg.dropout, "feed_forward_block")
     return _backend.ops().ffn_block(x, ln_weight, ln_bias, w1, b1, w2, b2, cfg.act, cfg.normalize_before, cfg.eps,
-                                    a.p, a.seed, a.offset, d.p, d.seed, d.offset)
+                                    *a, *d)

@@ -1,7 +1,12 @@
-"""bias + dropout + residual, and bias + activation + dropout."""
+"""bias + dropout + residual, and bias + activation + dropout.
+
+Their draw is (p, seed, offset, rows) as ops.dropout_stream.Dropout defines it: rows None (element e of
+the flat index draws stream element offset + e) or the row map of packed rows (element (r, c) of the
+input read as rows of its last dim C draws offset + rows[r] * C + c)."""
 __all__ = ["activation", "bias_dropout_residual", "bias_act_dropout"]
 
 import math
+from typing import Optional
 
 import torch
 
@@ -25,14 +30,18 @@ def activation(x: torch.Tensor, act: str) -> torch.Tensor:
     raise ValueError(f"activation must be one of {ACTIVATIONS}, got {act!r}")
 
 
-def bias_dropout_residual(x, bias, residual, p: float, seed: int = 0, offset: int = 0):
-    """residual + dropout(x + bias). x, residual: [..., C]; bias: [C]; math in fp32 (fp64)."""
+def bias_dropout_residual(x, bias, residual, p: float, seed: int = 0, offset: int = 0,
+                          rows: Optional[torch.Tensor] = None):
+    """residual + dropout(x + bias). x, residual: [..., C]; bias: [C]; rows: None or int64 [R] (R rows of
+    C); math in fp32 (fp64)."""
     acc = _acc(x)
-    h = dropout(x.to(acc) + bias.to(acc), p, seed, offset)
+    h = dropout(x.to(acc) + bias.to(acc), p, seed, offset, rows)
     return (residual.to(acc) + h).to(x.dtype)
 
 
-def bias_act_dropout(x, bias, p: float, act: str = "relu", seed: int = 0, offset: int = 0):
-    """dropout(act(x + bias)). x: [..., C]; bias: [C]; math in fp32 (fp64)."""
+def bias_act_dropout(x, bias, p: float, act: str = "relu", seed: int = 0, offset: int = 0,
+                     rows: Optional[torch.Tensor] = None):
+    """dropout(act(x + bias)). x: [..., C]; bias: [C]; rows: None or int64 [R] (R rows of C); math in
+    fp32 (fp64)."""
     acc = _acc(x)
-    return dropout(activation(x.to(acc) + bias.to(acc), act), p, seed, offset).to(x.dtype)
+    return dropout(activation(x.to(acc) + bias.to(acc), act), p, seed, offset, rows).to(x.dtype)

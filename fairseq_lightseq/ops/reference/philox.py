@@ -3,7 +3,10 @@
 Bit-for-bit the generator of csrc/include/fls/philox.h: the keep bit of element e of a draw with
 (seed, offset) depends on (seed, offset + e) only. See that header for the definition.
 """
-__all__ = ["keep_mask", "dropout"]
+__all__ = ["keep_mask", "dropout", "stream_elements"]
+
+import math
+from typing import Optional, Sequence
 
 import torch
 
@@ -63,17 +66,44 @@ def keep_mask(numel: int, p: float, seed: int, offset: int = 0, device=None) -> 
     return keep_bits(torch.arange(offset, offset + numel, dtype=torch.int64, device=device), p, seed)
 
 
+def stream_elements(shape: Sequence[int], offset: int = 0, rows: Optional[torch.Tensor] = None,
+                    device=None) -> torch.Tensor:
+    """The stream element (int64, `shape`) each element of an op's input of `shape` draws: offset + e
+    for flat index e without rows; with rows (int64 [R], R = the product of shape[:-1], values >= 0),
+    offset + rows[r] * C + c for element (r, c) of the input read as R rows of its last dim C."""
+    if offset < 0:
+        raise ValueError(f"dropout offset must be >= 0, got {offset}")
+    shape = tuple(shape)
+    if rows is None:
+        return torch.arange(offset, offset + math.prod(shape), dtype=torch.int64, device=device).view(shape)
+    if rows.dtype != torch.int64 or rows.dim() != 1:
+        raise ValueError(f"dropout rows must be a 1-D int64 tensor, got {rows.dtype} of shape {tuple(rows.shape)}")
+    if device is not None and rows.device != torch.device(device):
+        raise ValueError(f"dropout rows must be on the input's device {device}, got {rows.device}")
+    width = shape[-1] if shape else 1
+    count = math.prod(shape[:-1])
+    if rows.numel() != count:
+        raise ValueError(f"dropout rows: {rows.numel()} rows for an input of shape {shape} ({count} rows of "
+                         f"{width})")
+    cols = torch.arange(width, dtype=torch.int64, device=rows.device)
+    return (offset + rows.unsqueeze(-1) * width + cols).view(shape)
+
+
 def dropout_scale(p: float) -> float:
     """Multiplier of kept elements, computed in float32 as the kernels do."""
     return 0.0 if p >= 1.0 else float(torch.tensor(1.0 / (1.0 - p), dtype=torch.float32))
 
 
-def dropout(x: torch.Tensor, p: float, seed: int, offset: int = 0) -> torch.Tensor:
-    """x * keep / (1 - p) with the Philox mask over x's elements in row-major order; x unchanged
-    when the threshold is 0 (p < 2^-24)."""
+def dropout(x: torch.Tensor, p: float, seed: int, offset: int = 0, rows: Optional[torch.Tensor] = None
+            ) -> torch.Tensor:
+    """x * keep / (1 - p) with the Philox mask over x's elements in row-major order (with rows: over
+    x's rows of its last dim mapped by rows, see stream_elements); x unchanged when the threshold
+    is 0 (p < 2^-24)."""
     if dropout_threshold(p) == 0:
         return x
-    return apply_keep(x, keep_mask(x.numel(), p, seed, offset, x.device).view(x.shape), p)
+    if rows is None:
+        return apply_keep(x, keep_mask(x.numel(), p, seed, offset, x.device).view(x.shape), p)
+    return apply_keep(x, keep_bits(stream_elements(x.shape, offset, rows, x.device), p, seed), p)
 
 
 def apply_keep(x: torch.Tensor, keep: torch.Tensor, p: float) -> torch.Tensor:
