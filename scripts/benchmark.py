@@ -71,9 +71,9 @@ Multi30k En-De's training text (--multi30k DIR: train.en.gz, train.de.gz; defaul
 from the repository root), split into words and punctuation and binarized once by fairseq-preprocess into
 --cache-dir (bench_support/multi30k.py). --family is not used; the cases are (--cases, default all;
 bench_support/packed.py): translation = ls_transformer 3+3 layers, d 256, FFN 1024, 4 heads, a joined
-dictionary, one pool per --max-tokens (default 4096,16384); sentence = fairseq's sentence_prediction task
-and criterion on the English sentences, 2 classes (longer than the median sentence or not), roberta_base
-widths (d 768, FFN 3072, 12 heads) at 2 layers, --batch-size 32; lm = transformer_lm widths (d 512, FFN
+dictionary of 10k tokens, one pool per --max-tokens (default 4096,16384); sentence = fairseq's
+sentence_prediction task and criterion on the English sentences, 2 classes (longer than the median
+sentence or not), roberta_base widths (d 768, FFN 3072, 12 heads) at 4 layers, --batch-size 32; lm = transformer_lm widths (d 512, FFN
 2048, 8 heads) at 2 layers on the English side, --sample-break-mode eos (one sentence a row, right-padded),
 the first --max-tokens; sweep = the translation model on synthetic batches of --sweep-batch B x T
 positions (default 128x32), the sentences' lengths T (1 - b/B)^k so that each --sweep-pads share of the

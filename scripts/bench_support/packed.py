@@ -6,7 +6,7 @@ cases, the synthetic batches, the padding count and the report.
 Cases (`--cases`, each one model trained by every side in its own process, its pools timed in turn):
     translation  ls_transformer vs transformer, 3+3 layers, d 256, FFN 1024, 4 heads, one pool per
                  --max-tokens (default 4096 and 16384) from fairseq's translation loader
-    sentence     ls_roberta_base vs roberta_base widths (d 768, FFN 3072, 12 heads), 2 layers, fairseq's
+    sentence     ls_roberta_base vs roberta_base widths (d 768, FFN 3072, 12 heads), 4 layers, fairseq's
                  sentence_prediction task and criterion, --batch-size 32, 2 classes
     lm           ls_transformer_lm vs transformer_lm widths (d 512, FFN 2048, 8 heads), 2 layers,
                  --sample-break-mode eos (one sentence a row), the first --max-tokens
@@ -25,7 +25,7 @@ SIDE_OF = {"ls_packed": ("ls", "True"), "ls_padded": ("ls", "False"), "fairseq":
 TRANSLATION_WIDTH = ["--encoder-embed-dim", "256", "--decoder-embed-dim", "256", "--encoder-ffn-embed-dim", "1024",
                      "--decoder-ffn-embed-dim", "1024", "--encoder-attention-heads", "4",
                      "--decoder-attention-heads", "4"]
-LAYERS = {"translation": 3, "sentence": 2, "lm": 2, "sweep": 3}
+LAYERS = {"translation": 3, "sentence": 4, "lm": 2, "sweep": 3}
 SENTENCE_BATCH = 32
 LM_BLOCK = 256  # --tokens-per-sample: the longest sentence a row may hold (Multi30k's longest: ~45 tokens)
 OPS_KEPT = 40  # ops kept per side and pool in the JSON, by self CPU time

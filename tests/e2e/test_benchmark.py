@@ -217,7 +217,7 @@ def test_packed_mode_times_packed_padded_and_fairseq_on_real_batches(tmp_path):
     corpus = write_multi30k_like(tmp_path / "multi30k")
     res, log = bench(tmp_path, "packed", "--packed", "--multi30k", str(corpus), "--tiny", "--cases", "sentence,sweep",
                      "--pool", "2", "--warmup", "1", "--steps", "2", "--rounds", "1", "--ops-steps", "1",
-                     "--sweep-batch", "8x16", "--sweep-pads", "0,0.4", "--extra", "--dropout 0 --attention-dropout 0")
+                     "--sweep-batch", "8x16", "--sweep-pads", "0,0.4")
     assert res["mode"] == "packed" and len(res["commit"]) == 40 and res["threads"] == 1
     row = res["cases"]["sentence"]["pools"]["sentence"]
     assert set(row["sides"]) == {"ls_packed", "ls_padded", "fairseq", "fairseq_fused"}
