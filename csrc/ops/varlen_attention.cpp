@@ -41,6 +41,13 @@ inline void check_offsets_values(const at::Tensor& cu, int64_t N, int64_t max_se
   TORCH_CHECK(c[B] == N, "varlen_attention: ", name, "[-1] must be the row count ", N, ", got ", c[B]);
 }
 
+// An output shaped like x whose rows the kernel writes where a sentence owns them. On CUDA, where the offsets'
+// values are not checked, rows no sentence owns are possible and stay 0 (zeros); on the CPU the checks make
+// every row a sentence's, so the kernel writes them all (empty: no extra pass over the output).
+inline at::Tensor owned_rows_output(const at::Tensor& x) {
+  return x.device().is_cpu() ? at::empty_like(x) : at::zeros_like(x);
+}
+
 // The tensors a VarlenProblem points into.
 struct VarlenIndex {
   at::Tensor cu_q, cu_k, starts;
@@ -109,8 +116,7 @@ inline VarlenAttentionFwd varlen_attention_fwd_prepare(const at::Tensor& q, cons
   op.q = q.contiguous();
   op.k = k.contiguous();
   op.v = v.contiguous();
-  // zeros: rows no sentence owns (only possible on CUDA, where the offsets' values are not checked) stay 0
-  op.out = at::zeros_like(op.q);
+  op.out = owned_rows_output(op.q);
   op.lse = at::empty({q.size(0), q.size(1)}, q.options().dtype(acc_type(q)));
   op.params = {.dtype = to_dtype(q.scalar_type()), .q = op.q.data_ptr(), .k = op.k.data_ptr(), .v = op.v.data_ptr(),
                .out = op.out.data_ptr(), .lse = op.lse.data_ptr(), .s = op.ix.s};
@@ -148,9 +154,9 @@ inline VarlenAttentionBwd varlen_attention_bwd_prepare(const at::Tensor& dout, c
   op.v = v.contiguous();
   op.out = out.contiguous();
   op.lse = lse.contiguous();
-  op.dq = at::zeros_like(op.q);  // zeros: as the forward's out
-  op.dk = at::zeros_like(op.k);
-  op.dv = at::zeros_like(op.v);
+  op.dq = owned_rows_output(op.q);
+  op.dk = owned_rows_output(op.k);
+  op.dv = owned_rows_output(op.v);
   op.params = {.dtype = to_dtype(q.scalar_type()), .dout = op.dout.data_ptr(), .q = op.q.data_ptr(),
                .k = op.k.data_ptr(), .v = op.v.data_ptr(), .out = op.out.data_ptr(), .lse = op.lse.data_ptr(),
                .dq = op.dq.data_ptr(), .dk = op.dk.data_ptr(), .dv = op.dv.data_ptr(), .s = op.ix.s};

@@ -77,6 +77,33 @@ def test_forward_backward_match_the_float64_reference(device, dtype, lq, lk, cau
         assert_close(g, gr, dtype=dtype, scale=4)
 
 
+# The CPU kernel's tiles: queries in blocks of 48 rows (16 when causal), keys and head dims padded to whole
+# 16-float vectors, GEMM row blocks of 8 / 6 / 3; fp32 with D a multiple of 16 works on the tensors' rows in
+# place, other head dims and dtypes on converted copies. Sentences longer than one block (and one key strip),
+# a block's last rows, lengths 1 and 16 +- 1, Lq != Lk both ways (causal cross shapes too), head dims
+# 20 and 33 (not a multiple of 16 or 8) and 32 (in place).
+LONG_CASES = [
+    ([1, 100, 49, 48, 17], [1, 100, 49, 48, 17], False),
+    ([1, 100, 49, 48, 17], [1, 100, 49, 48, 17], True),
+    ([50, 3, 97, 15], [97, 1, 50, 16], False),
+    ([50, 3, 97, 15], [97, 1, 50, 16], True),
+]
+
+
+@pytest.mark.parametrize("device,dtype", DEVICE_DTYPES)
+@pytest.mark.parametrize("lq,lk,causal", LONG_CASES)
+@pytest.mark.parametrize("D", [20, 33, 32])
+@pytest.mark.parametrize("p", [0.0, 0.2])
+def test_sentences_over_the_tile_sizes_match_the_reference(device, dtype, lq, lk, causal, D, p):
+    pb = Problem(lq, lk, 2, D, device, dtype, seed=3)
+    draw = ops.Dropout(p, SEED, 5)
+    y, grads = pb.run(_ours, causal, draw)
+    yr, grads_r = pb.run(_ref, causal, draw, cast=torch.float64)
+    assert_close(y, yr, dtype=dtype, scale=2)
+    for g, gr in zip(grads, grads_r):
+        assert_close(g, gr, dtype=dtype, scale=8)  # fp32 sums over up to 100 keys or queries
+
+
 @pytest.mark.parametrize("lq,lk,causal", [([3, 1, 4], [3, 1, 4], True), ([2, 3], [4, 1], False)])
 @pytest.mark.parametrize("p", [0.0, 0.4])
 def test_gradcheck_float64(lq, lk, causal, p):
@@ -136,6 +163,8 @@ PADDED = [
     ([3, 6, 1], [7, 2, 4], False, False, False),  # cross-attention, right-padded source
     ([6, 6], [6, 6], True, False, False),  # no padding at all
     ([3], [5], False, False, True),  # a batch of one
+    ([60, 2, 49], [60, 2, 49], True, True, True),  # longer than the CPU kernel's 48-query block
+    ([50, 7], [61, 3], False, False, True),  # cross-attention over the block, left-padded source
 ]
 
 
@@ -210,8 +239,12 @@ def test_default_coords_are_right_padding():
     assert torch.equal(y, y2) and all(torch.equal(a, b) for a, b in zip(g, g2))
 
 
-def test_gradients_do_not_depend_on_thread_count():
-    pb = Problem([40, 3, 17, 29], [40, 3, 17, 29], 4, 16)
+@pytest.mark.parametrize("lq,lk,H,D", [
+    ([40, 3, 17, 29], [40, 3, 17, 29], 4, 16),
+    ([100, 3, 49, 130], [61, 3, 97, 130], 3, 32),  # several query blocks per sentence
+])
+def test_gradients_do_not_depend_on_thread_count(lq, lk, H, D):
+    pb = Problem(lq, lk, H, D)
     n = torch.get_num_threads()
     try:
         outs = []
