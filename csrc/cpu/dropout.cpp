@@ -3,7 +3,8 @@
 #pragma GCC optimize("no-trapping-math")
 // Bias + activation + dropout (+ residual) on CPU. Both public ops of the family run through one
 // forward and one backward template, specialised at compile time on the activation (identity for
-// bias+dropout+residual) so the inner loops stay branch-free.
+// bias+dropout+residual) so the inner loops stay branch-free. With a row map (packed rows) every row
+// draws its factors from its own stream start (row_stream_start).
 #include "../kernels/dropout.h"
 
 #include <algorithm>
@@ -105,9 +106,27 @@ void row_bwd(const T* dyr, const T* xr, const T* bias, const acc_t<T>* f, T* dxr
   }
 }
 
+// The forward of a row map: mapped rows are not consecutive in the stream, so a task takes whole rows
+// and draws each row's factors alone.
+template <typename T, Act ACT, bool RESID>
+void fwd_rows_impl(const T* x, const T* bias, const T* residual, T* y, int64_t rows, int64_t cols,
+                   const DropoutParams& d, const int64_t* row_map) {
+  using A = acc_t<T>;
+  parallel_for(rows, grain_for(cols), [&](int64_t r0, int64_t r1) {
+    std::vector<A> f(cols);
+    std::vector<uint32_t> u(dropout_words(cols));
+    for (int64_t r = r0; r < r1; ++r) {
+      const int64_t e = r * cols;
+      fill_factors(f.data(), row_stream_start(d, row_map, r, cols), cols, d, u.data());
+      seg_fwd<T, ACT, RESID>(x + e, bias, RESID ? residual + e : nullptr, f.data(), y + e, cols);
+    }
+  });
+}
+
 template <typename T, Act ACT, bool RESID>
 void fwd_impl(const T* x, const T* bias, const T* residual, T* y, int64_t rows, int64_t cols,
-              const DropoutParams& d) {
+              const DropoutParams& d, const int64_t* row_map) {
+  if (row_map != nullptr) return fwd_rows_impl<T, ACT, RESID>(x, bias, residual, y, rows, cols, d, row_map);
   using A = acc_t<T>;
   const int64_t n = rows * cols;
   const int64_t blocks = (n + kBlock - 1) / kBlock;
@@ -132,15 +151,15 @@ void fwd_impl(const T* x, const T* bias, const T* residual, T* y, int64_t rows, 
 
 template <typename T, Act ACT>
 void bwd_impl(const T* dy, const T* x, const T* bias, T* dx, T* dbias, int64_t rows, int64_t cols,
-              const DropoutParams& d) {
+              const DropoutParams& d, const int64_t* row_map) {
   using A = acc_t<T>;
   const int64_t chunks = (rows + kRowsPerChunk - 1) / kRowsPerChunk;
   std::vector<A> partial(static_cast<size_t>(chunks * cols));
   // Step 1: per chunk of rows, dx and the chunk's column sums (rows in order).
   // The factors of consecutive rows are consecutive stream elements: they are drawn for up to kBlock
   // elements of rows at once (at least one row), not row by row, which would pad every short row to
-  // a whole Philox batch.
-  const int64_t rows_per_draw = std::clamp<int64_t>(kBlock / cols, 1, kRowsPerChunk);
+  // a whole Philox batch. Mapped rows are not consecutive: one row per draw.
+  const int64_t rows_per_draw = row_map != nullptr ? 1 : std::clamp<int64_t>(kBlock / cols, 1, kRowsPerChunk);
   parallel_for(chunks, grain_for(kRowsPerChunk * cols), [&](int64_t k0, int64_t k1) {
     std::vector<A> fbuf(rows_per_draw * cols);
     std::vector<uint32_t> u(dropout_words(rows_per_draw * cols));
@@ -150,7 +169,7 @@ void bwd_impl(const T* dy, const T* x, const T* bias, T* dx, T* dbias, int64_t r
       const int64_t r1 = std::min(rows, (k + 1) * kRowsPerChunk);
       for (int64_t r0 = k * kRowsPerChunk; r0 < r1; r0 += rows_per_draw) {
         const int64_t n_rows = std::min(rows_per_draw, r1 - r0);
-        fill_factors(fbuf.data(), d.offset + static_cast<uint64_t>(r0 * cols), n_rows * cols, d, u.data());
+        fill_factors(fbuf.data(), row_stream_start(d, row_map, r0, cols), n_rows * cols, d, u.data());
         for (int64_t r = r0; r < r0 + n_rows; ++r) {  // rows in order: the chunk's column sums are unchanged
           const int64_t e0 = r * cols;
           row_bwd<T, ACT>(dy + e0, ACT == Act::kIdentity ? nullptr : x + e0, bias, fbuf.data() + (r - r0) * cols,
@@ -165,30 +184,30 @@ void bwd_impl(const T* dy, const T* x, const T* bias, T* dx, T* dbias, int64_t r
 
 template <typename T>
 void fwd_typed(const T* x, const T* bias, const T* residual, T* y, int64_t rows, int64_t cols, Act act,
-               const DropoutParams& d) {
+               const DropoutParams& d, const int64_t* row_map) {
   if (rows == 0 || cols == 0) return;
   if (residual != nullptr) {
     // bias + dropout + residual has no activation; other combinations are not needed by the model.
-    fwd_impl<T, Act::kIdentity, true>(x, bias, residual, y, rows, cols, d);
+    fwd_impl<T, Act::kIdentity, true>(x, bias, residual, y, rows, cols, d, row_map);
     return;
   }
   switch (act) {
-    case Act::kIdentity: fwd_impl<T, Act::kIdentity, false>(x, bias, nullptr, y, rows, cols, d); break;
-    case Act::kRelu: fwd_impl<T, Act::kRelu, false>(x, bias, nullptr, y, rows, cols, d); break;
-    case Act::kGelu: fwd_impl<T, Act::kGelu, false>(x, bias, nullptr, y, rows, cols, d); break;
-    case Act::kGeluTanh: fwd_impl<T, Act::kGeluTanh, false>(x, bias, nullptr, y, rows, cols, d); break;
+    case Act::kIdentity: fwd_impl<T, Act::kIdentity, false>(x, bias, nullptr, y, rows, cols, d, row_map); break;
+    case Act::kRelu: fwd_impl<T, Act::kRelu, false>(x, bias, nullptr, y, rows, cols, d, row_map); break;
+    case Act::kGelu: fwd_impl<T, Act::kGelu, false>(x, bias, nullptr, y, rows, cols, d, row_map); break;
+    case Act::kGeluTanh: fwd_impl<T, Act::kGeluTanh, false>(x, bias, nullptr, y, rows, cols, d, row_map); break;
   }
 }
 
 template <typename T>
 void bwd_typed(const T* dy, const T* x, const T* bias, T* dx, T* dbias, int64_t rows, int64_t cols, Act act,
-               const DropoutParams& d) {
+               const DropoutParams& d, const int64_t* row_map) {
   if (cols == 0) return;
   switch (act) {
-    case Act::kIdentity: bwd_impl<T, Act::kIdentity>(dy, x, bias, dx, dbias, rows, cols, d); break;
-    case Act::kRelu: bwd_impl<T, Act::kRelu>(dy, x, bias, dx, dbias, rows, cols, d); break;
-    case Act::kGelu: bwd_impl<T, Act::kGelu>(dy, x, bias, dx, dbias, rows, cols, d); break;
-    case Act::kGeluTanh: bwd_impl<T, Act::kGeluTanh>(dy, x, bias, dx, dbias, rows, cols, d); break;
+    case Act::kIdentity: bwd_impl<T, Act::kIdentity>(dy, x, bias, dx, dbias, rows, cols, d, row_map); break;
+    case Act::kRelu: bwd_impl<T, Act::kRelu>(dy, x, bias, dx, dbias, rows, cols, d, row_map); break;
+    case Act::kGelu: bwd_impl<T, Act::kGelu>(dy, x, bias, dx, dbias, rows, cols, d, row_map); break;
+    case Act::kGeluTanh: bwd_impl<T, Act::kGeluTanh>(dy, x, bias, dx, dbias, rows, cols, d, row_map); break;
   }
 }
 
@@ -198,6 +217,15 @@ void dropout_mask(const DropoutMaskParams& p) {
   bool* keep = p.keep;
   const int64_t n = p.n;
   const DropoutParams& d = p.drop;
+  if (p.row_map != nullptr) {
+    const int64_t cols = p.cols;
+    parallel_for(n / cols, grain_for(cols), [&](int64_t r0, int64_t r1) {
+      std::vector<uint32_t> u(dropout_words(cols));
+      for (int64_t r = r0; r < r1; ++r)
+        dropout_select<bool>(row_stream_start(d, p.row_map, r, cols), cols, d, u.data(), true, false, keep + r * cols);
+    });
+    return;
+  }
   const int64_t blocks = (n + kBlock - 1) / kBlock;
   parallel_for(blocks, grain_for(kBlock), [&](int64_t b0, int64_t b1) {
     std::vector<uint32_t> u(dropout_words(kBlock));
@@ -211,13 +239,14 @@ void dropout_mask(const DropoutMaskParams& p) {
 void bias_act_dropout_fwd(const BiasActDropoutFwdParams& p) {
   FLS_CPU_DISPATCH(p.dtype, fwd_typed<scalar_t>(static_cast<const scalar_t*>(p.x), static_cast<const scalar_t*>(p.bias),
                                                 static_cast<const scalar_t*>(p.residual), static_cast<scalar_t*>(p.y),
-                                                p.rows, p.cols, p.act, p.drop));
+                                                p.rows, p.cols, p.act, p.drop, p.row_map));
 }
 
 void bias_act_dropout_bwd(const BiasActDropoutBwdParams& p) {
   FLS_CPU_DISPATCH(p.dtype, bwd_typed<scalar_t>(static_cast<const scalar_t*>(p.dy), static_cast<const scalar_t*>(p.x),
                                                 static_cast<const scalar_t*>(p.bias), static_cast<scalar_t*>(p.dx),
-                                                static_cast<scalar_t*>(p.dbias), p.rows, p.cols, p.act, p.drop));
+                                                static_cast<scalar_t*>(p.dbias), p.rows, p.cols, p.act, p.drop,
+                                                p.row_map));
 }
 
 }  // namespace cpu

@@ -1,4 +1,5 @@
-// Embedding on CPU: forward row by row (gather, scale, add position, dropout factors from Philox); backward
+// Embedding on CPU: forward row by row (gather, scale, add position, dropout factors from Philox, at the rows of
+// the row map when there is one); backward
 // groups rows by a stable sort of their keys and sums each group in row order (deterministic, no atomics).
 #include "../kernels/embedding.h"
 
@@ -19,33 +20,35 @@ struct RowDropout {
   std::vector<uint32_t> words;  // Philox words of the row (philox_batch.h)
   RowDropout(bool drop, int64_t dim) : factor(drop ? dim : 0), words(drop ? dropout_words(dim) : 0) {}
 
-  // factor[c] = mult * (keep(c) ? 1/(1-p) : 0) for the elements row*dim .. row*dim+dim-1 of the draw: one
-  // Philox block per 4 stream elements (a row's first and last blocks may be shared with the neighbouring
-  // rows, so rows do not split the stream into whole blocks).
-  const A* compute(int64_t row, int64_t dim, A mult, const DropoutParams& d) {
-    const uint64_t s0 = d.offset + static_cast<uint64_t>(row) * static_cast<uint64_t>(dim);
-    dropout_select<A>(s0, dim, d, words.data(), static_cast<A>(d.scale) * mult, A(0), factor.data());
+  // factor[c] = mult * (keep(c) ? 1/(1-p) : 0) for the elements row*dim .. row*dim+dim-1 of the draw
+  // (row_map[row]*dim ... with a row map): one Philox block per 4 stream elements (a row's first and last
+  // blocks may be shared with the neighbouring rows, so rows do not split the stream into whole blocks).
+  const A* compute(int64_t row, int64_t dim, A mult, const DropoutParams& d, const int64_t* row_map) {
+    dropout_select<A>(row_stream_start(d, row_map, row, dim), dim, d, words.data(), static_cast<A>(d.scale) * mult,
+                      A(0), factor.data());
     return factor.data();
   }
 };
 
 template <typename T>
 void fwd_typed(const int64_t* tokens, const int64_t* positions, const T* weight, const T* pos_weight, T* out,
-                   int64_t n, int64_t dim, int64_t padding_idx, double scale, const DropoutParams& d) {
+                   int64_t n, int64_t dim, int64_t padding_idx, double scale, const DropoutParams& d,
+                   const int64_t* row_map) {
   using A = acc_t<T>;
   const A sc = static_cast<A>(scale);
   const bool drop = d.threshold != 0;
   // Rows are independent. Their dropout factors are consecutive stream elements, drawn for `block` rows
   // at once: row by row, a short row pays a whole Philox batch (philox_batch.h) for its few groups.
-  // A task gets at least a block and grain_for's elements (small calls stay on one thread).
-  const int64_t block = std::max<int64_t>(1, 4096 / std::max<int64_t>(dim, 1));
+  // A task gets at least a block and grain_for's elements (small calls stay on one thread). Mapped rows
+  // are not consecutive in the stream: one row per draw.
+  const int64_t block = row_map != nullptr ? 1 : std::max<int64_t>(1, 4096 / std::max<int64_t>(dim, 1));
   parallel_for(n, std::max(block, grain_for(dim)), [&](int64_t begin, int64_t end) {
     std::vector<A> factors(drop ? block * dim : 0);
     std::vector<uint32_t> words(drop ? dropout_words(block * dim) : 0);
     for (int64_t r = begin; r < end; ++r) {
       if (drop && (r - begin) % block == 0) {
         const int64_t rows = std::min(block, end - r);
-        dropout_select<A>(d.offset + static_cast<uint64_t>(r * dim), rows * dim, d, words.data(),
+        dropout_select<A>(row_stream_start(d, row_map, r, dim), rows * dim, d, words.data(),
                           static_cast<A>(d.scale), A(0), factors.data());
       }
       T* o = out + r * dim;
@@ -77,7 +80,8 @@ void fwd_typed(const int64_t* tokens, const int64_t* positions, const T* weight,
 
 template <typename T>
 void table_grad_typed(const T* grad, const int64_t* keys, const int64_t* tokens, T* out, int64_t n, int64_t dim,
-                   int64_t num_rows, int64_t padding_idx, double mult, const DropoutParams& d) {
+                   int64_t num_rows, int64_t padding_idx, double mult, const DropoutParams& d,
+                   const int64_t* row_map) {
   using A = acc_t<T>;
   // Non-pad rows, stably sorted by key: equal keys stay in row order, which fixes the summation order.
   std::vector<int64_t> rows;
@@ -112,7 +116,7 @@ void table_grad_typed(const T* grad, const int64_t* keys, const int64_t* tokens,
         const int64_t r = rows[i];
         const T* g = grad + r * dim;
         if (drop) {
-          const A* f = rd.compute(r, dim, m, d);
+          const A* f = rd.compute(r, dim, m, d, row_map);
           for (int64_t c = 0; c < dim; ++c) a[c] += static_cast<A>(g[c]) * f[c];
         } else {
           for (int64_t c = 0; c < dim; ++c) a[c] += static_cast<A>(g[c]) * m;
@@ -129,13 +133,13 @@ void embedding_fwd(const EmbeddingFwdParams& p) {
   FLS_CPU_DISPATCH(p.dtype, fwd_typed<scalar_t>(p.tokens, p.positions, static_cast<const scalar_t*>(p.weight),
                                                 static_cast<const scalar_t*>(p.pos_weight),
                                                 static_cast<scalar_t*>(p.out), p.n, p.dim, p.padding_idx, p.scale,
-                                                p.drop));
+                                                p.drop, p.row_map));
 }
 
 void embedding_table_grad(const EmbeddingTableGradParams& p) {
   FLS_CPU_DISPATCH(p.dtype, table_grad_typed<scalar_t>(static_cast<const scalar_t*>(p.grad), p.keys, p.tokens,
                                                        static_cast<scalar_t*>(p.out), p.n, p.dim, p.num_rows,
-                                                       p.padding_idx, p.mult, p.drop));
+                                                       p.padding_idx, p.mult, p.drop, p.row_map));
 }
 
 }  // namespace cpu

@@ -19,6 +19,13 @@ void philox_words(uint64_t g0, int64_t n, uint64_t seed, uint32_t* u);
 // Words of philox_words needed by dropout_select for n elements (any offset): n + 8 is enough.
 inline int64_t dropout_words(int64_t n) { return n + 8; }
 
+// The stream element of element (r, 0) of a [rows, cols] draw: d.offset + r * cols, or with a row map
+// (kernels/dropout.h) d.offset + row_map[r] * cols.
+inline uint64_t row_stream_start(const DropoutParams& d, const int64_t* row_map, int64_t r, int64_t cols) {
+  const int64_t row = row_map != nullptr ? row_map[r] : r;
+  return d.offset + static_cast<uint64_t>(row) * static_cast<uint64_t>(cols);
+}
+
 // out[j] = keep bit of stream element s0 + j ? kv : dv, j in [0, n): one Philox block per 4 elements,
 // keep iff (u >> 8) >= d.threshold (fls/philox.h). u: scratch of >= dropout_words(n) words.
 template <typename V>

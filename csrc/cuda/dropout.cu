@@ -15,6 +15,9 @@
 // per Philox group of 4 stream elements, grid-stride over any size; backward walks one column of a
 // 64-row chunk per thread (one Philox call per element). The mask is regenerated from (seed, offset),
 // never stored.
+// Row map (packed rows, kernels/dropout.h; the op layer passes one only with dropout on): forward and mask
+// take one thread per Philox group of a row's own stream range (for_each_row_element); backward is the
+// general kernel, each element's stream index taken from its row's.
 #include "../kernels/dropout.h"
 #include "column_sums.cuh"
 #include "dtype.cuh"
@@ -52,6 +55,33 @@ __device__ __forceinline__ uint32_t keep_bits_aligned(int64_t e, const DropoutPa
   return bits;
 }
 
+__host__ __device__ inline int64_t groups_per_row(int64_t cols) { return (cols + 6) / 4; }
+
+// The loop of the row-mapped kernels: visit(r, c, kept) for every element (r, c) of a [rows, cols] draw
+// whose row r uses stream elements [s0, s0 + cols), s0 = d.offset + row_map[r] * cols. Grid-stride item i
+// is Philox group j = i % gpr of row r = i / gpr's range (gpr = groups_per_row(cols), the most groups cols
+// stream elements can touch): one Philox call serves up to 4 elements of a row whatever its alignment.
+template <typename Visit>
+__device__ __forceinline__ void for_each_row_element(int64_t rows, int64_t cols, const int64_t* __restrict__ row_map,
+                                                     const DropoutParams& d, const Visit& visit) {
+  const uint64_t gpr = static_cast<uint64_t>(groups_per_row(cols));
+  const uint64_t items = static_cast<uint64_t>(rows) * gpr;
+  for (uint64_t i = static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < items;
+       i += static_cast<uint64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = static_cast<int64_t>(i / gpr);
+    const uint64_t s0 = d.offset + static_cast<uint64_t>(row_map[r]) * static_cast<uint64_t>(cols);
+    const uint64_t s1 = s0 + static_cast<uint64_t>(cols);
+    const uint64_t g = (s0 >> 2) + (i - static_cast<uint64_t>(r) * gpr);
+    if ((g << 2) >= s1) continue;
+    const uint32_t bits = dropout_keep4(g, d);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const uint64_t s = (g << 2) + k;
+      if (s >= s0 && s < s1) visit(r, static_cast<int64_t>(s - s0), (bits >> k) & 1u);
+    }
+  }
+}
+
 // --- mask ---
 __global__ void mask_kernel(bool* __restrict__ keep, int64_t n, DropoutParams d) {
   const uint64_t g0 = first_group(d), groups = num_groups(n, d);
@@ -83,6 +113,18 @@ __global__ void mask_aligned_kernel(bool* __restrict__ keep, int64_t n, DropoutP
   }
 }
 
+// Row-mapped mask: keep[r * cols + c] = keep bit of stream element d.offset + row_map[r] * cols + c.
+struct MaskRows {
+  bool* keep;
+  int64_t cols;
+  __device__ void operator()(int64_t r, int64_t c, uint32_t kept) const { keep[r * cols + c] = kept; }
+};
+
+__global__ void mask_rows_kernel(bool* __restrict__ keep, int64_t rows, int64_t cols,
+                                 const int64_t* __restrict__ row_map, DropoutParams d) {
+  for_each_row_element(rows, cols, row_map, d, MaskRows{keep, cols});
+}
+
 // --- forward ---
 // y[e] = residual[e] (if RESID) + act(x[e] + bias[e % cols]) * factor(e). General layout.
 template <typename T, Act ACT, bool RESID>
@@ -104,6 +146,31 @@ __global__ void fwd_kernel(const T* __restrict__ x, const T* __restrict__ bias, 
       y[e] = from_float<T>(h);
     }
   }
+}
+
+// Row-mapped forward (dropout on): the arithmetic of fwd_kernel per element, the factor of element (r, c)
+// from stream element d.offset + row_map[r] * cols + c.
+template <typename T, Act ACT, bool RESID>
+struct FwdRows {
+  const T* x;
+  const T* bias;
+  const T* residual;
+  T* y;
+  int64_t cols;
+  float scale;
+  __device__ void operator()(int64_t r, int64_t c, uint32_t kept) const {
+    const int64_t e = r * cols + c;
+    float h = act_fwd<ACT, float>(to_float(x[e]) + to_float(bias[c])) * (kept ? scale : 0.0f);
+    if (RESID) h = to_float(residual[e]) + h;
+    y[e] = from_float<T>(h);
+  }
+};
+
+template <typename T, Act ACT, bool RESID>
+__global__ void fwd_rows_kernel(const T* __restrict__ x, const T* __restrict__ bias, const T* __restrict__ residual,
+                                T* __restrict__ y, int64_t rows, int64_t cols, const int64_t* __restrict__ row_map,
+                                DropoutParams d) {
+  for_each_row_element(rows, cols, row_map, d, FwdRows<T, ACT, RESID>{x, bias, residual, y, cols, d.scale});
 }
 
 // Fast forward: thread (blockIdx.x * blockDim.x + threadIdx.x) owns column vector vc (columns
@@ -140,11 +207,12 @@ __global__ void fwd_vec_kernel(const T* __restrict__ x, const T* __restrict__ bi
 }
 
 // --- backward ---
-// partial[chunk, c] = sum over the chunk's rows of dx[r, c] (in fp32); dx written on the way. General layout.
+// partial[chunk, c] = sum over the chunk's rows of dx[r, c] (in fp32); dx written on the way. General layout;
+// with a row map (non-null) the mask of element (r, c) is stream element row_map[r] * cols + c's.
 template <typename T, Act ACT>
 __global__ void bwd_partial_kernel(const T* __restrict__ dy, const T* __restrict__ x, const T* __restrict__ bias,
                                    T* __restrict__ dx, float* __restrict__ partial, int64_t rows, int64_t cols,
-                                   int64_t chunks, DropoutParams d) {
+                                   int64_t chunks, const int64_t* __restrict__ row_map, DropoutParams d) {
   const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (c >= cols) return;
   const float b = ACT == Act::kIdentity ? 0.0f : to_float(bias[c]);
@@ -154,8 +222,9 @@ __global__ void bwd_partial_kernel(const T* __restrict__ dy, const T* __restrict
     float s = 0.0f;
     for (int64_t r = r0; r < r1; ++r) {
       const int64_t e = r * cols + c;
+      const int64_t se = row_map == nullptr ? e : row_map[r] * cols + c;  // its stream element (less d.offset)
       // One Philox call per element here (a column's elements lie in different groups).
-      float g = to_float(dy[e]) * dropout_factor(static_cast<uint64_t>(e), d);
+      float g = to_float(dy[e]) * dropout_factor(static_cast<uint64_t>(se), d);
       if (ACT != Act::kIdentity) g *= act_grad<ACT, float>(to_float(x[e]) + b);
       dx[e] = from_float<T>(g);
       s += g;
@@ -265,8 +334,14 @@ int64_t num_chunks(int64_t rows) { return chunk_count(rows, kRowsPerChunk); }
 
 template <typename T, Act ACT, bool RESID>
 void launch_fwd(const void* x, const void* bias, const void* residual, void* y, int64_t rows, int64_t cols,
-                const DropoutParams& d, cudaStream_t s) {
+                const DropoutParams& d, const int64_t* row_map, cudaStream_t s) {
   const int64_t n = rows * cols;
+  if (row_map != nullptr) {
+    fwd_rows_kernel<T, ACT, RESID><<<grid_1d(rows * groups_per_row(cols), kThreads), kThreads, 0, s>>>(
+        static_cast<const T*>(x), static_cast<const T*>(bias), static_cast<const T*>(residual), static_cast<T*>(y),
+        rows, cols, row_map, d);
+    return;
+  }
   if (use_vec_path<T>(cols, d, x, bias, residual, y)) {
     const int vec_cols = static_cast<int>(cols / Pack<T>::kN);
     const int bx = vec_block_x(vec_cols), by = kThreads / bx;
@@ -285,10 +360,10 @@ void launch_fwd(const void* x, const void* bias, const void* residual, void* y, 
 
 template <typename T, Act ACT>
 void launch_bwd(const void* dy, const void* x, const void* bias, void* dx, void* dbias, float* ws, int64_t rows,
-                int64_t cols, const DropoutParams& d, cudaStream_t s) {
+                int64_t cols, const DropoutParams& d, const int64_t* row_map, cudaStream_t s) {
   const bool ident = ACT == Act::kIdentity;
   int64_t chunks = 0;
-  if (use_vec_path<T>(cols, d, dy, ident ? nullptr : x, ident ? nullptr : bias, dx)) {
+  if (row_map == nullptr && use_vec_path<T>(cols, d, dy, ident ? nullptr : x, ident ? nullptr : bias, dx)) {
     const int vec_cols = static_cast<int>(cols / Pack<T>::kN);
     const int bx = vec_block_x(vec_cols), by = kThreads / bx;
     // Rows per thread from the shape only: 8 keeps enough blocks at ~4k rows, 16 halves the partial
@@ -310,7 +385,7 @@ void launch_bwd(const void* dy, const void* x, const void* bias, void* dx, void*
       const unsigned gy = static_cast<unsigned>(chunks < kMaxGridY ? chunks : kMaxGridY);
       bwd_partial_kernel<T, ACT><<<dim3(col_tiles, gy), kColThreads, 0, s>>>(
           static_cast<const T*>(dy), static_cast<const T*>(x), static_cast<const T*>(bias), static_cast<T*>(dx), ws,
-          rows, cols, chunks, d);
+          rows, cols, chunks, row_map, d);
     }
   }
   launch_column_sums<T>(ws, static_cast<T*>(dbias), nullptr, nullptr, chunks, cols, s);
@@ -324,7 +399,11 @@ int dropout_mask(const DropoutMaskParams& p, void* stream) {
   const DropoutParams& d = p.drop;
   if (n == 0) return 0;
   auto s = static_cast<cudaStream_t>(stream);
-  if (d.offset % 4 == 0 && reinterpret_cast<uintptr_t>(keep) % 4 == 0) {
+  if (p.row_map != nullptr) {
+    const int64_t rows = n / p.cols;
+    mask_rows_kernel<<<grid_1d(rows * groups_per_row(p.cols), kThreads), kThreads, 0, s>>>(keep, rows, p.cols,
+                                                                                            p.row_map, d);
+  } else if (d.offset % 4 == 0 && reinterpret_cast<uintptr_t>(keep) % 4 == 0) {
     mask_aligned_kernel<<<grid_1d(n / 4 + 1, kThreads), kThreads, 0, s>>>(keep, n, d);
   } else {
     mask_kernel<<<grid_1d(n / 4 + 2, kThreads), kThreads, 0, s>>>(keep, n, d);
@@ -337,17 +416,18 @@ int bias_act_dropout_fwd(const BiasActDropoutFwdParams& p, void* stream) {
   void* y = p.y;
   const int64_t rows = p.rows, cols = p.cols;
   const DropoutParams& d = p.drop;
+  const int64_t* rm = p.row_map;
   if (rows * cols == 0) return 0;
   auto s = static_cast<cudaStream_t>(stream);
   FLS_CUDA_DISPATCH(
       p.dtype, if (residual != nullptr) {
-        launch_fwd<scalar_t, Act::kIdentity, true>(x, bias, residual, y, rows, cols, d, s);
+        launch_fwd<scalar_t, Act::kIdentity, true>(x, bias, residual, y, rows, cols, d, rm, s);
       } else {
         switch (p.act) {
-          case Act::kIdentity: launch_fwd<scalar_t, Act::kIdentity, false>(x, bias, nullptr, y, rows, cols, d, s); break;
-          case Act::kRelu: launch_fwd<scalar_t, Act::kRelu, false>(x, bias, nullptr, y, rows, cols, d, s); break;
-          case Act::kGelu: launch_fwd<scalar_t, Act::kGelu, false>(x, bias, nullptr, y, rows, cols, d, s); break;
-          case Act::kGeluTanh: launch_fwd<scalar_t, Act::kGeluTanh, false>(x, bias, nullptr, y, rows, cols, d, s); break;
+          case Act::kIdentity: launch_fwd<scalar_t, Act::kIdentity, false>(x, bias, nullptr, y, rows, cols, d, rm, s); break;
+          case Act::kRelu: launch_fwd<scalar_t, Act::kRelu, false>(x, bias, nullptr, y, rows, cols, d, rm, s); break;
+          case Act::kGelu: launch_fwd<scalar_t, Act::kGelu, false>(x, bias, nullptr, y, rows, cols, d, rm, s); break;
+          case Act::kGeluTanh: launch_fwd<scalar_t, Act::kGeluTanh, false>(x, bias, nullptr, y, rows, cols, d, rm, s); break;
         }
       });
   FLS_CUDA_RETURN_LAST_ERROR();
@@ -361,14 +441,15 @@ int bias_act_dropout_bwd(const BiasActDropoutBwdParams& p, float* workspace, voi
   void *dx = p.dx, *dbias = p.dbias;
   const int64_t rows = p.rows, cols = p.cols;
   const DropoutParams& d = p.drop;
+  const int64_t* rm = p.row_map;
   if (cols == 0) return 0;
   auto s = static_cast<cudaStream_t>(stream);
   FLS_CUDA_DISPATCH(
       p.dtype, switch (p.act) {
-        case Act::kIdentity: launch_bwd<scalar_t, Act::kIdentity>(dy, x, bias, dx, dbias, workspace, rows, cols, d, s); break;
-        case Act::kRelu: launch_bwd<scalar_t, Act::kRelu>(dy, x, bias, dx, dbias, workspace, rows, cols, d, s); break;
-        case Act::kGelu: launch_bwd<scalar_t, Act::kGelu>(dy, x, bias, dx, dbias, workspace, rows, cols, d, s); break;
-        case Act::kGeluTanh: launch_bwd<scalar_t, Act::kGeluTanh>(dy, x, bias, dx, dbias, workspace, rows, cols, d, s); break;
+        case Act::kIdentity: launch_bwd<scalar_t, Act::kIdentity>(dy, x, bias, dx, dbias, workspace, rows, cols, d, rm, s); break;
+        case Act::kRelu: launch_bwd<scalar_t, Act::kRelu>(dy, x, bias, dx, dbias, workspace, rows, cols, d, rm, s); break;
+        case Act::kGelu: launch_bwd<scalar_t, Act::kGelu>(dy, x, bias, dx, dbias, workspace, rows, cols, d, rm, s); break;
+        case Act::kGeluTanh: launch_bwd<scalar_t, Act::kGeluTanh>(dy, x, bias, dx, dbias, workspace, rows, cols, d, rm, s); break;
       });
   FLS_CUDA_RETURN_LAST_ERROR();
 }

@@ -1,6 +1,8 @@
 // Embedding forward (gather + scale + positions + dropout) and a deterministic backward: the wrapper
 // sorts the lookup keys (stable, on the device), and the first row of each run of equal keys sums the
-// run's grad rows in sorted order (one thread per column group), applying the dropout mask on the fly.
+// run's grad rows in sorted order (one thread per column group), applying the dropout mask on the fly. With a
+// row map (row_map non-null, kernels/embedding.h) row r's mask is that of row row_map[r] (the kernels read
+// the row's stream start from it; nothing else changes).
 // Token/position ids are range-checked in the kernels (printf + device assert), not on the host: a host check
 // needs a device->host copy, i.e. a stream sync per call.
 #include <cstdio>
@@ -42,6 +44,11 @@ __device__ __forceinline__ void check_id(int64_t id, int64_t limit, bool is_posi
   if (id < 0 || id >= limit) report_bad_id(id, limit, is_position);
 }
 
+// The row of the padded draw whose stream elements row r uses: row_map[r], or r without a map.
+__device__ __forceinline__ int64_t stream_row(const int64_t* row_map, int64_t r) {
+  return row_map == nullptr ? r : row_map[r];
+}
+
 
 // Fast forward (dim % kN == 0, weight/pos_weight/out 16-byte aligned, and with dropout d.offset % 4 == 0):
 // `tpr` threads (a power of two) per row, blockDim / tpr rows per block, 16-byte loads and stores. Pack v
@@ -52,7 +59,7 @@ __global__ void __launch_bounds__(kFwdThreads)
     emb_fwd_vec_kernel(const int64_t* __restrict__ tokens, const int64_t* __restrict__ positions,
                        const T* __restrict__ weight, const T* __restrict__ pos_weight, T* __restrict__ out, int64_t n,
                        int dim, int64_t num_embeddings, int64_t num_positions, int64_t padding_idx, float scale,
-                       DropoutParams d, int tpr) {
+                       DropoutParams d, const int64_t* __restrict__ row_map, int tpr) {
   constexpr int N = Pack<T>::kN;
   const int nvec = dim / N;
   const int sub = threadIdx.x / tpr, lane = threadIdx.x % tpr;
@@ -70,7 +77,8 @@ __global__ void __launch_bounds__(kFwdThreads)
     }
     const uint4* wr = reinterpret_cast<const uint4*>(weight + tok * dim);
     const uint4* pr = reinterpret_cast<const uint4*>(kPos ? pos_weight + pos * dim : weight);
-    const uint64_t row_group = (d.offset + static_cast<uint64_t>(r) * static_cast<uint64_t>(dim)) >> 2;
+    const uint64_t row_group =
+        (d.offset + static_cast<uint64_t>(stream_row(row_map, r)) * static_cast<uint64_t>(dim)) >> 2;
     for (int v = lane; v < nvec; v += tpr) {
       const uint4 wu = wr[v];
       float f[N];
@@ -101,7 +109,7 @@ template <typename T, bool kDrop, bool kPos>
 __global__ void emb_fwd_kernel(const int64_t* __restrict__ tokens, const int64_t* __restrict__ positions,
                                const T* __restrict__ weight, const T* __restrict__ pos_weight, T* __restrict__ out,
                                int64_t n, int64_t dim, int64_t num_embeddings, int64_t num_positions,
-                               int64_t padding_idx, float scale, DropoutParams d) {
+                               int64_t padding_idx, float scale, DropoutParams d, const int64_t* __restrict__ row_map) {
   for (int64_t r = blockIdx.x; r < n; r += gridDim.x) {
     T* o = out + r * dim;
     const int64_t tok = tokens[r];
@@ -122,7 +130,7 @@ __global__ void emb_fwd_kernel(const int64_t* __restrict__ tokens, const int64_t
       }
       continue;
     }
-    const uint64_t s0 = d.offset + static_cast<uint64_t>(r) * static_cast<uint64_t>(dim);
+    const uint64_t s0 = d.offset + static_cast<uint64_t>(stream_row(row_map, r)) * static_cast<uint64_t>(dim);
     const uint64_t s1 = s0 + static_cast<uint64_t>(dim);
     const uint64_t g0 = s0 >> 2, ng = ((s1 + 3) >> 2) - g0;
     for (uint64_t j = threadIdx.x; j < ng; j += blockDim.x) {
@@ -148,7 +156,7 @@ template <typename T, bool kDrop, int V>
 __global__ void __launch_bounds__(kBwdThreads)
     emb_bwd_kernel(const T* __restrict__ grad, const int64_t* __restrict__ sorted_keys,
                    const int64_t* __restrict__ order, int64_t n, int64_t dim, int64_t num_rows, bool is_position,
-                   float mult, DropoutParams d, T* __restrict__ out) {
+                   float mult, DropoutParams d, const int64_t* __restrict__ row_map, T* __restrict__ out) {
   const int64_t c0 = (static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x) * V;
   for (int64_t i = blockIdx.x; i < n; i += gridDim.x) {
     const int64_t key = sorted_keys[i];
@@ -162,17 +170,20 @@ __global__ void __launch_bounds__(kBwdThreads)
     for (int k = 0; k < V; ++k) acc[k] = 0.f;
 #pragma unroll 4
     for (int64_t j = i; j < end; ++j) {
-      const int64_t e = order[j] * dim + c0;  // flat element index of (row, c0)
-      const T* g = grad + e;
+      const int64_t row = order[j];
+      const T* g = grad + row * dim + c0;  // (row, c0)
       if (!kDrop) {
 #pragma unroll
         for (int k = 0; k < V; ++k) acc[k] += to_float(g[k]);
-      } else if (V == 4) {
-        const uint32_t bits = dropout_keep4((d.offset + static_cast<uint64_t>(e)) >> 2, d);
+        continue;
+      }
+      const uint64_t e = static_cast<uint64_t>(stream_row(row_map, row) * dim + c0);  // stream element - d.offset
+      if (V == 4) {
+        const uint32_t bits = dropout_keep4((d.offset + e) >> 2, d);
 #pragma unroll
         for (int k = 0; k < V; ++k) acc[k] += ((bits >> k) & 1u) ? to_float(g[k]) * d.scale : 0.f;
       } else {
-        acc[0] += dropout_keep(static_cast<uint64_t>(e), d) ? to_float(g[0]) * d.scale : 0.f;
+        acc[0] += dropout_keep(e, d) ? to_float(g[0]) * d.scale : 0.f;
       }
     }
     T* o = out + key * dim + c0;
@@ -190,7 +201,7 @@ int pow2_at_least(int64_t v, int cap) {
 template <typename T>
 void launch_fwd(const int64_t* tokens, const int64_t* positions, const T* weight, const T* pos_weight, T* out,
                 int64_t n, int64_t dim, int64_t num_embeddings, int64_t num_positions, int64_t padding_idx,
-                float scale, DropoutParams d, cudaStream_t st) {
+                float scale, DropoutParams d, const int64_t* row_map, cudaStream_t st) {
   constexpr int N = Pack<T>::kN;
   const bool drop = d.threshold != 0, pos = pos_weight != nullptr;
   const bool fast = dim % N == 0 && dim <= (int64_t{1} << 30) && aligned16(weight) &&
@@ -204,7 +215,7 @@ void launch_fwd(const int64_t* tokens, const int64_t* positions, const T* weight
 #define FLS_EMB_FWD_VEC(DROP, POS)                                                                          \
   emb_fwd_vec_kernel<T, DROP, POS><<<grid, kFwdThreads, 0, st>>>(tokens, positions, weight, pos_weight, out, n, \
                                                                  dm, num_embeddings, num_positions,           \
-                                                                 padding_idx, scale, d, tpr)
+                                                                 padding_idx, scale, d, row_map, tpr)
     if (drop && pos) FLS_EMB_FWD_VEC(true, true);
     else if (drop) FLS_EMB_FWD_VEC(true, false);
     else if (pos) FLS_EMB_FWD_VEC(false, true);
@@ -215,7 +226,8 @@ void launch_fwd(const int64_t* tokens, const int64_t* positions, const T* weight
   const unsigned grid = static_cast<unsigned>(n < kMaxGrid ? n : kMaxGrid);
 #define FLS_EMB_FWD(DROP, POS)                                                                                 \
   emb_fwd_kernel<T, DROP, POS><<<grid, kFwdThreads, 0, st>>>(tokens, positions, weight, pos_weight, out, n, dim, \
-                                                             num_embeddings, num_positions, padding_idx, scale, d)
+                                                             num_embeddings, num_positions, padding_idx, scale, d, \
+                                                             row_map)
   if (drop && pos) FLS_EMB_FWD(true, true);
   else if (drop) FLS_EMB_FWD(true, false);
   else if (pos) FLS_EMB_FWD(false, true);
@@ -225,16 +237,17 @@ void launch_fwd(const int64_t* tokens, const int64_t* positions, const T* weight
 
 template <typename T, int V>
 int launch_bwd_v(const T* grad, const int64_t* sorted_keys, const int64_t* order, int64_t n, int64_t dim,
-                 int64_t num_rows, bool is_position, float mult, DropoutParams d, T* out, cudaStream_t st) {
+                 int64_t num_rows, bool is_position, float mult, DropoutParams d, const int64_t* row_map, T* out,
+                 cudaStream_t st) {
   const int64_t tiles = (dim + int64_t{kBwdThreads} * V - 1) / (int64_t{kBwdThreads} * V);
   if (tiles > 65535) return static_cast<int>(cudaErrorInvalidValue);
   const dim3 grid(static_cast<unsigned>(n < kMaxGrid ? n : kMaxGrid), static_cast<unsigned>(tiles));
   if (d.threshold != 0) {
     emb_bwd_kernel<T, true, V><<<grid, kBwdThreads, 0, st>>>(grad, sorted_keys, order, n, dim, num_rows,
-                                                              is_position, mult, d, out);
+                                                              is_position, mult, d, row_map, out);
   } else {
     emb_bwd_kernel<T, false, V><<<grid, kBwdThreads, 0, st>>>(grad, sorted_keys, order, n, dim, num_rows,
-                                                               is_position, mult, d, out);
+                                                               is_position, mult, d, row_map, out);
   }
   return 0;
 }
@@ -247,7 +260,7 @@ int embedding_fwd(const EmbeddingFwdParams& p, void* stream) {
                                                   static_cast<const scalar_t*>(p.pos_weight),
                                                   static_cast<scalar_t*>(p.out), p.n, p.dim, p.num_embeddings,
                                                   p.num_positions, p.padding_idx, static_cast<float>(p.scale), p.drop,
-                                                  static_cast<cudaStream_t>(stream)));
+                                                  p.row_map, static_cast<cudaStream_t>(stream)));
   FLS_CUDA_RETURN_LAST_ERROR();
 }
 
@@ -263,8 +276,9 @@ int embedding_table_grad(const EmbeddingTableGradParams& p, const int64_t* sorte
   int err = 0;
   FLS_CUDA_DISPATCH(
       p.dtype, using T = scalar_t; const T* g = static_cast<const T*>(p.grad); T* o = static_cast<T*>(p.out);
-      err = v4 ? launch_bwd_v<T, 4>(g, sorted_keys, order, n, dim, num_rows, keys_are_positions, m, d, o, st)
-               : launch_bwd_v<T, 1>(g, sorted_keys, order, n, dim, num_rows, keys_are_positions, m, d, o, st));
+      const int64_t* rm = p.row_map;
+      err = v4 ? launch_bwd_v<T, 4>(g, sorted_keys, order, n, dim, num_rows, keys_are_positions, m, d, rm, o, st)
+               : launch_bwd_v<T, 1>(g, sorted_keys, order, n, dim, num_rows, keys_are_positions, m, d, rm, o, st));
   if (err != 0) return err;
   FLS_CUDA_RETURN_LAST_ERROR();
 }

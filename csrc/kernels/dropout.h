@@ -4,6 +4,9 @@
 //
 // Element e = r * cols + c of a [rows, cols] tensor uses Philox stream element drop.offset + e
 // (fls/philox.h): backward regenerates the mask from (seed, offset) instead of reading a stored one.
+// With a row map (row_map non-null: packed rows of a padded tensor, int64 [rows]), row r is row row_map[r]
+// of the padded tensor: element (r, c) uses stream element drop.offset + row_map[r] * cols + c. The map
+// only names stream elements (no memory is indexed by it); null is the identity.
 #pragma once
 #include <cstdint>
 
@@ -13,11 +16,14 @@
 
 namespace fls {
 
-// keep[e] = Philox keep bit of stream element drop.offset + e, e in [0, n).
+// keep[e] = Philox keep bit of stream element drop.offset + e, e in [0, n); with row_map, keep is
+// [n / cols, cols] and keep[r * cols + c] the bit of drop.offset + row_map[r] * cols + c (cols > 0 then).
 struct DropoutMaskParams {
   bool* keep;
   int64_t n;
   DropoutParams drop;
+  const int64_t* row_map = nullptr;
+  int64_t cols = 0;
 };
 
 // y = residual + dropout(act(x + bias)), or dropout(act(x + bias)) when residual is null (the residual
@@ -31,6 +37,7 @@ struct BiasActDropoutFwdParams {
   int64_t rows, cols;
   Act act;
   DropoutParams drop;
+  const int64_t* row_map = nullptr;  // [rows] or null (see the top of this file)
 };
 
 // dx = dy * dropout factor * act'(x + bias); dbias = column sums of dx in fp32 (taken before rounding dx
@@ -46,6 +53,7 @@ struct BiasActDropoutBwdParams {
   int64_t rows, cols;
   Act act;
   DropoutParams drop;
+  const int64_t* row_map = nullptr;  // [rows] or null (see the top of this file)
 };
 
 namespace cpu {

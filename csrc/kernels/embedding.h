@@ -10,7 +10,9 @@
 namespace fls {
 
 // out[r, :] = dropout(scale * weight[tokens[r], :] + pos_weight[positions[r], :]) for the n = B*T rows r,
-// zeros where tokens[r] == padding_idx; dropout element index r * dim + c (flat index into [B, T, E]).
+// zeros where tokens[r] == padding_idx; dropout element index r * dim + c (flat index into [B, T, E]), or with
+// a row map (row_map non-null, int64 [n]: packed tokens of a padded batch) row_map[r] * dim + c. The map only
+// names stream elements (no memory is indexed by it); null is the identity.
 // tokens, positions: [n] int64 (positions unused when pos_weight is null); weight: [num_embeddings, dim]
 // dtype; pos_weight: [num_positions, dim] dtype or null; out: [n, dim] dtype.
 // Ids outside their table: the CPU op layer checks them before the kernel runs; on CUDA the kernel checks
@@ -27,11 +29,13 @@ struct EmbeddingFwdParams {
   int64_t n, dim, num_embeddings, num_positions, padding_idx;
   double scale;
   DropoutParams drop;
+  const int64_t* row_map = nullptr;  // [n] or null
 };
 
 // Gradient of one table looked up by `keys` (tokens for dweight with mult = scale, positions for
 // dpos_weight with mult = 1): out[k, :] = mult * sum over rows r with keys[r] == k and tokens[r] !=
-// padding_idx, in increasing r, of grad[r, :] * dropout factor of element r * dim + c (deterministic: a
+// padding_idx, in increasing r, of grad[r, :] * dropout factor of element r * dim + c (row_map[r] * dim + c
+// with a row map, as the forward's) (deterministic: a
 // fixed order, no atomics). grad: [n, dim] dtype; keys, tokens: [n] int64; out: [num_rows, dim] dtype,
 // rows no key names are zero.
 struct EmbeddingTableGradParams {
@@ -44,6 +48,7 @@ struct EmbeddingTableGradParams {
   bool keys_are_positions;  // picks the wording of a bad-id message
   double mult;
   DropoutParams drop;
+  const int64_t* row_map = nullptr;  // [n] or null
 };
 
 // The CPU kernel sorts the keys itself (stable) and writes every row of out (it may be uninitialised).

@@ -39,23 +39,29 @@ Tensor3 ln_bwd(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor&
   FLS_OP(h, "layer_norm_bwd", Tensor3(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&));
   return h.call(dy, x, w, mean, rstd);
 }
+// The token-wise dropout ops over the block's own flat index: no row map (std::nullopt).
 Tensor bdr_fwd(const Tensor& x, const Tensor& bias, const Tensor& res, double p, int64_t seed, int64_t off) {
-  FLS_OP(h, "bias_dropout_residual_fwd", Tensor(const Tensor&, const Tensor&, const Tensor&, double, int64_t, int64_t));
-  return h.call(x, bias, res, p, seed, off);
+  FLS_OP(h, "bias_dropout_residual_fwd",
+         Tensor(const Tensor&, const Tensor&, const Tensor&, double, int64_t, int64_t, const std::optional<Tensor>&));
+  return h.call(x, bias, res, p, seed, off, std::nullopt);
 }
 Tensor2 bdr_bwd(const Tensor& dy, double p, int64_t seed, int64_t off) {
-  FLS_OP(h, "bias_dropout_residual_bwd", Tensor2(const Tensor&, double, int64_t, int64_t));
-  return h.call(dy, p, seed, off);
+  FLS_OP(h, "bias_dropout_residual_bwd",
+         Tensor2(const Tensor&, double, int64_t, int64_t, const std::optional<Tensor>&));
+  return h.call(dy, p, seed, off, std::nullopt);
 }
 Tensor bad_fwd(const Tensor& x, const Tensor& bias, double p, c10::string_view act, int64_t seed, int64_t off) {
-  FLS_OP(h, "bias_act_dropout_fwd", Tensor(const Tensor&, const Tensor&, double, c10::string_view, int64_t, int64_t));
-  return h.call(x, bias, p, act, seed, off);
+  FLS_OP(h, "bias_act_dropout_fwd",
+         Tensor(const Tensor&, const Tensor&, double, c10::string_view, int64_t, int64_t,
+                const std::optional<Tensor>&));
+  return h.call(x, bias, p, act, seed, off, std::nullopt);
 }
 Tensor2 bad_bwd(const Tensor& dy, const Tensor& x, const Tensor& bias, double p, c10::string_view act, int64_t seed,
                 int64_t off) {
   FLS_OP(h, "bias_act_dropout_bwd",
-         Tensor2(const Tensor&, const Tensor&, const Tensor&, double, c10::string_view, int64_t, int64_t));
-  return h.call(dy, x, bias, p, act, seed, off);
+         Tensor2(const Tensor&, const Tensor&, const Tensor&, double, c10::string_view, int64_t, int64_t,
+                 const std::optional<Tensor>&));
+  return h.call(dy, x, bias, p, act, seed, off, std::nullopt);
 }
 Tensor2 softmax_fwd(const Tensor& scores, const std::optional<Tensor>& kpm, bool causal, double scale, double p,
                     int64_t seed, int64_t off) {

@@ -31,9 +31,10 @@ inline void check_range(const at::Tensor& t, int64_t limit, const char* what, co
 }
 
 // One embedding_fwd call: out [B, T, E] = dropout(scale * weight[tokens] + pos_weight[positions]); zeros at
-// pad tokens.
+// pad tokens. With rows (int64 [B*T]) the dropout of output row r (= b*T + t) is padded row rows[r]'s.
 struct EmbeddingFwd {
   at::Tensor tokens, weight, pos_weight, positions;  // pos_weight, positions undefined without positions
+  at::Tensor rows;                                   // the dropout row map, undefined without one
   at::Tensor out;
   EmbeddingFwdParams params;
 };
@@ -41,7 +42,8 @@ struct EmbeddingFwd {
 inline EmbeddingFwd embedding_fwd_prepare(const at::Tensor& tokens, const at::Tensor& weight,
                                           const c10::optional<at::Tensor>& pos_weight,
                                           const c10::optional<at::Tensor>& positions, int64_t padding_idx,
-                                          double scale, double p, int64_t seed, int64_t offset) {
+                                          double scale, double p, int64_t seed, int64_t offset,
+                                          const c10::optional<at::Tensor>& rows) {
   check_float(weight, "embedding: weight");
   TORCH_CHECK(weight.dim() == 2, "embedding: weight must be [num_embeddings, dim], got shape ", weight.sizes());
   check_index(tokens, weight, "tokens");
@@ -59,6 +61,7 @@ inline EmbeddingFwd embedding_fwd_prepare(const at::Tensor& tokens, const at::Te
     check_shape(op.positions, tokens.sizes(), "embedding: positions");
   }
   const DropoutParams d = make_dropout(p, seed, offset);
+  op.rows = dropout_rows(rows, tokens.numel(), dim, d, tokens, "embedding");
   op.tokens = tokens.contiguous();
   op.weight = weight.contiguous();
   auto out_sizes = op.tokens.sizes().vec();
@@ -69,7 +72,7 @@ inline EmbeddingFwd embedding_fwd_prepare(const at::Tensor& tokens, const at::Te
                .pos_weight = has_pos ? op.pos_weight.data_ptr() : nullptr, .out = op.out.data_ptr(),
                .n = op.tokens.numel(), .dim = dim, .num_embeddings = op.weight.size(0),
                .num_positions = has_pos ? op.pos_weight.size(0) : 0, .padding_idx = padding_idx, .scale = scale,
-               .drop = d};
+               .drop = d, .row_map = rows_ptr(op.rows)};
   return op;
 }
 
@@ -77,6 +80,7 @@ inline EmbeddingFwd embedding_fwd_prepare(const at::Tensor& tokens, const at::Te
 // gradient. Both tables' params are filled; keys are tokens for dweight and positions for dpos_weight.
 struct EmbeddingBwd {
   at::Tensor grad, tokens, positions;  // positions undefined when num_positions == 0
+  at::Tensor rows;                     // the dropout row map, undefined without one
   at::Tensor dweight, dpos_weight;     // uninitialised: the CUDA implementation zero-fills them
   EmbeddingTableGradParams weight_grad, pos_grad;
 };
@@ -84,7 +88,7 @@ struct EmbeddingBwd {
 inline EmbeddingBwd embedding_bwd_prepare(const at::Tensor& grad, const at::Tensor& tokens,
                                           const c10::optional<at::Tensor>& positions, int64_t num_weights,
                                           int64_t num_positions, int64_t padding_idx, double scale, double p,
-                                          int64_t seed, int64_t offset) {
+                                          int64_t seed, int64_t offset, const c10::optional<at::Tensor>& rows) {
   check_float(grad, "embedding_bwd: grad");
   check_index(tokens, grad, "tokens");
   TORCH_CHECK(grad.dim() == tokens.dim() + 1, "embedding_bwd: grad must be tokens.shape + [dim], got ",
@@ -96,6 +100,7 @@ inline EmbeddingBwd embedding_bwd_prepare(const at::Tensor& grad, const at::Tens
   TORCH_CHECK(num_weights >= 0 && num_positions >= 0, "embedding_bwd: num_weights and num_positions must be >= 0");
   const DropoutParams d = make_dropout(p, seed, offset);
   EmbeddingBwd op;
+  op.rows = dropout_rows(rows, tokens.numel(), dim, d, tokens, "embedding_bwd");
   op.grad = grad.contiguous();
   op.tokens = tokens.contiguous();
   if (num_positions > 0) {
@@ -109,7 +114,8 @@ inline EmbeddingBwd embedding_bwd_prepare(const at::Tensor& grad, const at::Tens
   const EmbeddingTableGradParams common = {
       .dtype = to_dtype(grad.scalar_type()), .grad = op.grad.data_ptr(), .keys = nullptr,
       .tokens = op.tokens.data_ptr<int64_t>(), .out = nullptr, .n = op.tokens.numel(), .dim = dim, .num_rows = 0,
-      .padding_idx = padding_idx, .keys_are_positions = false, .mult = 1.0, .drop = d};
+      .padding_idx = padding_idx, .keys_are_positions = false, .mult = 1.0, .drop = d,
+      .row_map = rows_ptr(op.rows)};
   op.weight_grad = common;
   op.weight_grad.keys = op.tokens.data_ptr<int64_t>();
   op.weight_grad.out = op.dweight.data_ptr();
@@ -126,8 +132,9 @@ inline EmbeddingBwd embedding_bwd_prepare(const at::Tensor& grad, const at::Tens
 // ---- CPU (ids range-checked here on the host; the CUDA kernels check them on the device)
 at::Tensor embedding_fwd_cpu(const at::Tensor& tokens, const at::Tensor& weight,
                              const c10::optional<at::Tensor>& pos_weight, const c10::optional<at::Tensor>& positions,
-                             int64_t padding_idx, double scale, double p, int64_t seed, int64_t offset) {
-  auto op = embedding_fwd_prepare(tokens, weight, pos_weight, positions, padding_idx, scale, p, seed, offset);
+                             int64_t padding_idx, double scale, double p, int64_t seed, int64_t offset,
+                             const c10::optional<at::Tensor>& rows) {
+  auto op = embedding_fwd_prepare(tokens, weight, pos_weight, positions, padding_idx, scale, p, seed, offset, rows);
   check_range(op.tokens, op.params.num_embeddings, "token id", "num_embeddings");
   if (op.positions.defined()) check_range(op.positions, op.params.num_positions, "position", "max positions");
   cpu::embedding_fwd(op.params);
@@ -137,9 +144,10 @@ at::Tensor embedding_fwd_cpu(const at::Tensor& tokens, const at::Tensor& weight,
 std::tuple<at::Tensor, at::Tensor> embedding_bwd_cpu(const at::Tensor& grad, const at::Tensor& tokens,
                                                      const c10::optional<at::Tensor>& positions, int64_t num_weights,
                                                      int64_t num_positions, int64_t padding_idx, double scale, double p,
-                                                     int64_t seed, int64_t offset) {
+                                                     int64_t seed, int64_t offset,
+                                                     const c10::optional<at::Tensor>& rows) {
   auto op = embedding_bwd_prepare(grad, tokens, positions, num_weights, num_positions, padding_idx, scale, p, seed,
-                                  offset);
+                                  offset, rows);
   // Forward already checked the ranges; they are checked again because a wrong key writes out of bounds.
   if (num_weights > 0) check_range(op.tokens, num_weights, "token id", "num_embeddings");
   if (num_positions > 0) check_range(op.positions, num_positions, "position", "max positions");
@@ -152,9 +160,10 @@ std::tuple<at::Tensor, at::Tensor> embedding_bwd_cpu(const at::Tensor& grad, con
 // the stream)
 at::Tensor embedding_fwd_cuda(const at::Tensor& tokens, const at::Tensor& weight,
                               const c10::optional<at::Tensor>& pos_weight, const c10::optional<at::Tensor>& positions,
-                              int64_t padding_idx, double scale, double p, int64_t seed, int64_t offset) {
+                              int64_t padding_idx, double scale, double p, int64_t seed, int64_t offset,
+                              const c10::optional<at::Tensor>& rows) {
   const c10::DeviceGuard guard(weight.device());
-  auto op = embedding_fwd_prepare(tokens, weight, pos_weight, positions, padding_idx, scale, p, seed, offset);
+  auto op = embedding_fwd_prepare(tokens, weight, pos_weight, positions, padding_idx, scale, p, seed, offset, rows);
   FLS_CHECK_LAUNCH(cuda::embedding_fwd(op.params, stream_of(weight)));
   return op.out;
 }
@@ -172,10 +181,11 @@ void table_grad(const EmbeddingTableGradParams& p, const at::Tensor& keys, const
 std::tuple<at::Tensor, at::Tensor> embedding_bwd_cuda(const at::Tensor& grad, const at::Tensor& tokens,
                                                       const c10::optional<at::Tensor>& positions, int64_t num_weights,
                                                       int64_t num_positions, int64_t padding_idx, double scale,
-                                                      double p, int64_t seed, int64_t offset) {
+                                                      double p, int64_t seed, int64_t offset,
+                                                      const c10::optional<at::Tensor>& rows) {
   const c10::DeviceGuard guard(grad.device());
   auto op = embedding_bwd_prepare(grad, tokens, positions, num_weights, num_positions, padding_idx, scale, p, seed,
-                                  offset);
+                                  offset, rows);
   // The kernel writes only the rows it sums.
   op.dweight.zero_();
   op.dpos_weight.zero_();
@@ -192,10 +202,11 @@ std::tuple<at::Tensor, at::Tensor> embedding_bwd_cuda(const at::Tensor& grad, co
 TORCH_LIBRARY_FRAGMENT(fairseq_lightseq, m) {
   m.def(
       "embedding_fwd(Tensor tokens, Tensor weight, Tensor? pos_weight, Tensor? positions, int padding_idx, "
-      "float scale, float p, int seed, int offset) -> Tensor");
+      "float scale, float p, int seed, int offset, Tensor? rows=None) -> Tensor");
   m.def(
       "embedding_bwd(Tensor grad, Tensor tokens, Tensor? positions, int num_weights, int num_positions, "
-      "int padding_idx, float scale, float p, int seed, int offset) -> (Tensor dweight, Tensor dpos_weight)");
+      "int padding_idx, float scale, float p, int seed, int offset, Tensor? rows=None) -> (Tensor dweight, "
+      "Tensor dpos_weight)");
 }
 
 TORCH_LIBRARY_IMPL(fairseq_lightseq, CPU, m) {

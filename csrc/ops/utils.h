@@ -59,4 +59,22 @@ inline DropoutParams make_dropout(double p, int64_t seed, int64_t offset) {
   return d;
 }
 
+// The row map of a token-wise op's draw (Python's dropout_stream.Dropout.rows): none, or int64 [count] on
+// ref's device, for an input of `count` rows of `cols`. Returned contiguous; undefined when there is none,
+// the draw is off or the input empty (the kernels then take their identity path).
+inline at::Tensor dropout_rows(const c10::optional<at::Tensor>& rows, int64_t count, int64_t cols,
+                               const DropoutParams& d, const at::Tensor& ref, const char* op) {
+  if (!rows.has_value() || !rows->defined()) return at::Tensor();
+  TORCH_CHECK(rows->scalar_type() == at::kLong && rows->dim() == 1, op,
+              ": dropout rows must be a 1-D int64 tensor, got ", rows->scalar_type(), " of shape ", rows->sizes());
+  TORCH_CHECK(rows->device() == ref.device(), op, ": dropout rows are on ", rows->device(), " but the input is on ",
+              ref.device());
+  TORCH_CHECK(rows->numel() == count, op, ": dropout rows: ", rows->numel(), " rows for an input of ", count,
+              " rows of ", cols);
+  if (d.threshold == 0 || count == 0 || cols == 0) return at::Tensor();
+  return rows->contiguous();
+}
+
+inline const int64_t* rows_ptr(const at::Tensor& rows) { return rows.defined() ? rows.data_ptr<int64_t>() : nullptr; }
+
 }  // namespace fls

@@ -99,7 +99,7 @@ def add_args(parser, model: str) -> None:
                         help="training and validation forwards run on the batch's real tokens only: every layer "
                              "computes packed rows instead of padded ones, with the padded run's dropout masks "
                              "(the padded path serves generation, scoring and the hub) "
-                             f"(default: {PACKED_DEFAULTS[model]})")
+                             f"(default: {PACKED_DEFAULTS[model]}, False with --sequence-parallel-size > 1)")
 
 
 def boolean(value: str) -> bool:
@@ -136,15 +136,15 @@ def finish_build(model: nn.Module, name: str, args, task, sequence_parallel=(), 
 
 
 def packed_option(args, name: str) -> bool:
-    """--ls-packed's value (PACKED_DEFAULTS[name] where args has none: an older checkpoint's config);
-    ValueError, naming the options, for a combination the packed path does not run: sequence parallelism
-    (its shards are padded rows)."""
+    """--ls-packed's value: as given, else PACKED_DEFAULTS[name] (also for an older checkpoint's config
+    without the option), except with sequence parallelism, whose shards are padded rows: there the default
+    is off, and an explicit --ls-packed True is refused (ValueError naming both options)."""
     value = getattr(args, "ls_packed", None)
+    size, _ = sequence_parallel_options.size_and_mode(args)
     if value is None:
-        return PACKED_DEFAULTS[name]
+        return PACKED_DEFAULTS[name] and size == 1
     if not isinstance(value, bool):
         raise ValueError(f"{name}: --ls-packed must be a boolean (True or False), got {value!r}")
-    size, _ = sequence_parallel_options.size_and_mode(args)
     if value and size > 1:
         raise ValueError(f"{name}: --ls-packed True does not combine with --sequence-parallel-size {size} "
                          "(sequence parallelism shards padded rows); use --ls-packed False")

@@ -1,12 +1,13 @@
-"""Packed rows: where the real tokens of a padded batch sit, made once per batch (--ls-packed).
+"""Packed rows: where the real tokens of a padded batch sit, made once per padded side and batch (--ls-packed).
 
 A padded batch [B, T] holds each sentence as one run of real tokens, its padding on the left (fairseq's
 translation sources by default) or on the right. Packed, the real tokens are N rows, sentence by sentence
 in order, each sentence's tokens in position order: the layers run their token-wise ops on [N, C] rows and
 their attention over the sentences' row ranges (ops.varlen_attention), so no layer computes on padding.
 
-Everything a layer needs is made here once, on the host (one read of the padding mask per batch: on a GPU
-the one device-to-host copy of the packed step, never one per layer), and handed to every layer:
+Everything a layer needs is made here once, on the host (one read of each padded side's mask per batch: on a
+GPU the one device-to-host copy of the packed step, before any layer runs, never one per layer), and handed
+to every layer:
 - `index`: the batch-major flat position b * T + t of each real token ([B, T] tensors -> `gather`);
 - `rows`: its time-major row t * B + b in the padded [T, B, C] streams, which is where the padded run's
   token-wise dropout masks put it (ops.dropout_stream.at_rows: a packed op draws the padded op's mask);

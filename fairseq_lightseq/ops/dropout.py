@@ -9,7 +9,7 @@ mask of padded row rows[r].
 """
 __all__ = ["bias_dropout_residual", "bias_act_dropout", "dropout", "dropout_mask"]
 
-from typing import Union
+from typing import Optional, Union
 
 import torch
 
@@ -20,36 +20,40 @@ from .reference.philox import apply_keep, dropout_threshold
 
 
 class BiasDropoutResidualFunction(torch.autograd.Function):
-    """residual + dropout(x + bias) with an explicit (p, seed, offset); apply(x, bias, residual, p, seed, offset)."""
+    """residual + dropout(x + bias) with an explicit draw; apply(x, bias, residual, p, seed, offset, rows=None).
+    Saves the row map (if any) for backward, which draws the mask again."""
 
     @staticmethod
-    def forward(ctx, x, bias, residual, p, seed, offset):
+    def forward(ctx, x, bias, residual, p, seed, offset, rows=None):
+        ctx.save_for_backward(rows)
         ctx.draw = (p, seed, offset)
-        return _backend.ops().bias_dropout_residual_fwd(x, bias, residual, p, seed, offset)
+        return _backend.ops().bias_dropout_residual_fwd(x, bias, residual, p, seed, offset, rows)
 
     @staticmethod
     def backward(ctx, dy):
         dx = dbias = None
         if ctx.needs_input_grad[0] or ctx.needs_input_grad[1]:
-            dx, dbias = _backend.ops().bias_dropout_residual_bwd(dy, *ctx.draw)
-        return dx, dbias, dy, None, None, None
+            (rows,) = ctx.saved_tensors
+            dx, dbias = _backend.ops().bias_dropout_residual_bwd(dy, *ctx.draw, rows)
+        return dx, dbias, dy, None, None, None, None
 
 
 class BiasActDropoutFunction(torch.autograd.Function):
-    """dropout(act(x + bias)) with an explicit (p, seed, offset); apply(x, bias, p, act, seed, offset).
-    Saves x and bias (not the activation output or the mask) and recomputes act'(x + bias) in backward."""
+    """dropout(act(x + bias)) with an explicit draw; apply(x, bias, p, act, seed, offset, rows=None).
+    Saves x, bias and the row map (not the activation output or the mask) and recomputes act'(x + bias)
+    in backward."""
 
     @staticmethod
-    def forward(ctx, x, bias, p, act, seed, offset):
-        ctx.save_for_backward(x, bias)
+    def forward(ctx, x, bias, p, act, seed, offset, rows=None):
+        ctx.save_for_backward(x, bias, rows)
         ctx.draw = (p, act, seed, offset)
-        return _backend.ops().bias_act_dropout_fwd(x, bias, p, act, seed, offset)
+        return _backend.ops().bias_act_dropout_fwd(x, bias, p, act, seed, offset, rows)
 
     @staticmethod
     def backward(ctx, dy):
-        x, bias = ctx.saved_tensors
-        dx, dbias = _backend.ops().bias_act_dropout_bwd(dy, x, bias, *ctx.draw)
-        return dx, dbias, None, None, None, None
+        x, bias, rows = ctx.saved_tensors
+        dx, dbias = _backend.ops().bias_act_dropout_bwd(dy, x, bias, *ctx.draw, rows)
+        return dx, dbias, None, None, None, None, None
 
 
 def bias_dropout_residual(x: torch.Tensor, bias: torch.Tensor, residual: torch.Tensor, p: Union[float, Dropout],
@@ -63,8 +67,8 @@ def bias_dropout_residual(x: torch.Tensor, bias: torch.Tensor, residual: torch.T
     if _backend.autocast_on(x):
         x, bias, residual = _backend.promote(x, bias.to(x.dtype), residual)
     d = as_dropout(p, training)
-    if d.rows is None and _backend.use_kernel("bias_dropout_residual_fwd", x.device.type, x.dtype):
-        return _backend.apply(BiasDropoutResidualFunction, x, bias, residual, d.p, d.seed, d.offset)
+    if _backend.use_kernel("bias_dropout_residual_fwd", x.device.type, x.dtype):
+        return _backend.apply(BiasDropoutResidualFunction, x, bias, residual, *d)
     return reference.bias_dropout_residual(x, bias, residual, *d)
 
 
@@ -79,31 +83,42 @@ def bias_act_dropout(x: torch.Tensor, bias: torch.Tensor, p: Union[float, Dropou
     if act not in ACTIVATIONS:
         raise ValueError(f"bias_act_dropout: act must be one of {ACTIVATIONS}, got {act!r}")
     d = as_dropout(p, training)
-    if d.rows is None and _backend.use_kernel("bias_act_dropout_fwd", x.device.type, x.dtype):
-        return _backend.apply(BiasActDropoutFunction, x, bias, d.p, act, d.seed, d.offset)
+    if _backend.use_kernel("bias_act_dropout_fwd", x.device.type, x.dtype):
+        return _backend.apply(BiasActDropoutFunction, x, bias, d.p, act, d.seed, d.offset, d.rows)
     return reference.bias_act_dropout(x, bias, d.p, act, d.seed, d.offset, d.rows)
 
 
-def dropout_mask(numel: int, p: float, seed: int, offset: int = 0, device="cpu") -> torch.Tensor:
+def dropout_mask(numel: int, p: float, seed: int, offset: int = 0, device="cpu",
+                 rows: Optional[torch.Tensor] = None, cols: int = 0) -> torch.Tensor:
     """Keep bits [numel] bool of the draw (p, seed) for stream elements offset .. offset+numel-1, from
-    the compiled generator (the one every fused dropout uses); reference.keep_mask is its spec."""
-    return _backend.ops().dropout_mask(numel, p, seed, offset, torch.device(device))
+    the compiled generator (the one every fused dropout uses); reference.keep_mask is its spec. With
+    rows (int64 [R] on `device`, numel = R * cols): R rows of cols, row r the bits of stream elements
+    offset + rows[r] * cols .. + cols - 1 (reference.stream_elements)."""
+    return _backend.ops().dropout_mask(numel, p, seed, offset, torch.device(device), rows, cols)
+
+
+def _masked(x: torch.Tensor, p: float, seed: int, offset: int, rows: Optional[torch.Tensor]) -> torch.Tensor:
+    """x * keep / (1 - p), keep the compiled mask of the draw (p, seed, offset, rows) over x's elements."""
+    cols = x.shape[-1] if x.dim() else 1
+    return apply_keep(x, dropout_mask(x.numel(), p, seed, offset, x.device, rows, cols).view(x.shape), p)
 
 
 class DropoutFunction(torch.autograd.Function):
-    """x * keep / (1 - p) with keep from the compiled dropout_mask; apply(x, p, seed, offset). Backward
-    multiplies by the same mask, regenerated from (p, seed, offset) rather than saved (the other
-    dropouts do the same: nothing of the mask is kept between forward and backward)."""
+    """x * keep / (1 - p) with keep from the compiled dropout_mask; apply(x, p, seed, offset, rows=None).
+    Backward multiplies by the same mask, regenerated from the draw rather than saved (the other
+    dropouts do the same: nothing of the mask is kept between forward and backward; rows, the row
+    map, is saved)."""
 
     @staticmethod
-    def forward(ctx, x, p, seed, offset):
+    def forward(ctx, x, p, seed, offset, rows=None):
+        ctx.save_for_backward(rows)
         ctx.draw = (p, seed, offset)
-        return apply_keep(x, dropout_mask(x.numel(), p, seed, offset, x.device).view(x.shape), p)
+        return _masked(x, p, seed, offset, rows)
 
     @staticmethod
     def backward(ctx, dy):
-        p, seed, offset = ctx.draw
-        return apply_keep(dy, dropout_mask(dy.numel(), p, seed, offset, dy.device).view(dy.shape), p), None, None, None
+        (rows,) = ctx.saved_tensors
+        return _masked(dy, *ctx.draw, rows), None, None, None, None
 
 
 def _mask_compiled(device: torch.device) -> bool:
@@ -125,31 +140,31 @@ def dropout(x: torch.Tensor, p: Union[float, Dropout], training: bool = True) ->
     d = as_dropout(p, training)
     if dropout_threshold(d.p) == 0:
         return x
-    if d.rows is None and _mask_compiled(x.device):
-        return _backend.apply(DropoutFunction, x, d.p, d.seed, d.offset)
+    if _mask_compiled(x.device):
+        return _backend.apply(DropoutFunction, x, *d)
     return reference.dropout(x, *d)
 
 
 @_backend.register_fake("bias_dropout_residual_fwd")
-def _bias_dropout_residual_fwd_fake(x, bias, residual, p, seed, offset):
+def _bias_dropout_residual_fwd_fake(x, bias, residual, p, seed, offset, rows=None):
     return torch.empty_like(x, memory_format=torch.contiguous_format)
 
 
 @_backend.register_fake("bias_dropout_residual_bwd")
-def _bias_dropout_residual_bwd_fake(dy, p, seed, offset):
+def _bias_dropout_residual_bwd_fake(dy, p, seed, offset, rows=None):
     return torch.empty_like(dy, memory_format=torch.contiguous_format), dy.new_empty((dy.shape[-1],))
 
 
 @_backend.register_fake("bias_act_dropout_fwd")
-def _bias_act_dropout_fwd_fake(x, bias, p, act, seed, offset):
+def _bias_act_dropout_fwd_fake(x, bias, p, act, seed, offset, rows=None):
     return torch.empty_like(x, memory_format=torch.contiguous_format)
 
 
 @_backend.register_fake("bias_act_dropout_bwd")
-def _bias_act_dropout_bwd_fake(dy, x, bias, p, act, seed, offset):
+def _bias_act_dropout_bwd_fake(dy, x, bias, p, act, seed, offset, rows=None):
     return torch.empty_like(dy, memory_format=torch.contiguous_format), torch.empty_like(bias)
 
 
 @_backend.register_fake("dropout_mask")
-def _dropout_mask_fake(numel, p, seed, offset, device):
+def _dropout_mask_fake(numel, p, seed, offset, device, rows=None, cols=0):
     return torch.empty((numel,), dtype=torch.bool, device=device)

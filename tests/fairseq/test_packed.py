@@ -240,3 +240,15 @@ def test_translation_packed_equals_padded_on_cuda(dtype):
     for name, g in g0.items():
         if not name.endswith("k_proj.bias"):
             torch.testing.assert_close(g1[name].float(), g.float(), rtol=tol, atol=tol * top, msg=name)
+
+
+def test_packed_option_with_sequence_parallelism():
+    """The default is off under sequence parallelism (its shards are padded rows); True is refused there."""
+    from fairseq_lightseq.models.common import PACKED_DEFAULTS, packed_option
+
+    for name, default in PACKED_DEFAULTS.items():
+        assert packed_option(argparse.Namespace(), name) is default
+        assert packed_option(argparse.Namespace(sequence_parallel_size=2), name) is False
+        assert packed_option(argparse.Namespace(sequence_parallel_size=2, ls_packed=False), name) is False
+        with pytest.raises(ValueError, match="--ls-packed True does not combine with --sequence-parallel-size 2"):
+            packed_option(argparse.Namespace(sequence_parallel_size=2, ls_packed=True), name)

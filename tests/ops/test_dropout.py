@@ -224,6 +224,11 @@ def test_traces_under_torch_compile_fake_tensors():
         y = f.bias_dropout_residual_fwd(x, b, x, 0.1, 1, 0)
         dx, db = f.bias_act_dropout_bwd(x, x, b, 0.1, "gelu", 1, 0)
         m = f.dropout_mask(10, 0.1, 1, 0, torch.device("cpu"))
+        rows = torch.empty(15, dtype=torch.int64)
+        yr = f.bias_act_dropout_fwd(x, b, 0.1, "relu", 1, 0, rows)
+        dxr, _ = f.bias_dropout_residual_bwd(x, 0.1, 1, 0, rows)
+        mr = f.dropout_mask(10, 0.1, 1, 0, torch.device("cpu"), rows[:5], 2)
+    assert yr.shape == dxr.shape == (3, 5, 64) and mr.shape == (10,)
     assert y.shape == (3, 5, 64) and dx.shape == (3, 5, 64) and db.shape == (64,)
     assert m.shape == (10,) and m.dtype == torch.bool
 
@@ -331,7 +336,7 @@ def test_plain_dropout_runs_the_compiled_mask_and_regenerates_it():
     x = randn(4, 9, requires_grad=True)
     y = ops.dropout(x, ops.Dropout(0.5, SEED, 7))
     assert type(y.grad_fn).__name__ == DropoutFunction.__name__ + "Backward"
-    assert not y.grad_fn.saved_tensors  # nothing saved: the mask is drawn again in backward
+    assert all(t is None for t in y.grad_fn.saved_tensors)  # nothing saved: the mask is drawn again in backward
 
 
 def test_plain_dropout_non_contiguous_input_follows_the_logical_index():
@@ -359,12 +364,6 @@ def test_gradcheck_plain_dropout_float64():
 
 
 # ---- packed rows: a draw with a row map gives packed row r the mask of padded row rows[r] ----
-
-
-def _same_mask_close(actual, expected):
-    """The same dropout mask (zeros) and values within twice the dtype's tolerance."""
-    assert torch.equal(actual == 0, expected == 0)
-    assert_close(actual, expected, scale=2)
 
 T_PAD, B_PAD = 6, 3
 # name -> (argument kinds: "rows" a [T, B, C] stream packed to [R, C], "param" a [C] vector; call(args, draw))
@@ -408,13 +407,13 @@ def test_packed_call_equals_the_padded_call_at_its_rows(device, dtype, name, C, 
     y = call(args, d)
     yp = call(packed, dropout_stream.at_rows(d, rows))
     assert yp.shape == (rows.numel(), C) and yp.dtype == dtype
-    _same_mask_close(yp, y.reshape(-1, C)[rows])
+    assert_same_or_close(yp, y.reshape(-1, C)[rows])
     g = randn(T_PAD, B_PAD, C, dtype=dtype, device=device, seed=9) * (~pad).to(device).unsqueeze(-1).to(dtype)
     grads = torch.autograd.grad(y, args, g)
     grads_p = torch.autograd.grad(yp, packed, g.reshape(-1, C)[rows])
     for k, full, got in zip(kinds, grads, grads_p):
         if k == "rows":
-            _same_mask_close(got, full.reshape(-1, C)[rows])
+            assert_same_or_close(got, full.reshape(-1, C)[rows])
         else:
             assert_close(got, full, scale=4)
 
@@ -429,10 +428,10 @@ def test_identity_row_map_is_the_op_without_rows(device, dtype, name):
     args = _pack(kinds, _padded_args(kinds, 13, device, dtype), rows)
     d = ops.Dropout(0.4, SEED, 6)
     y, yr = call(args, d), call(args, dropout_stream.at_rows(d, rows))
-    _same_mask_close(yr, y)
+    assert_same_or_close(yr, y)
     g = randn(*y.shape, dtype=dtype, device=device, seed=3)
     for a, b in zip(torch.autograd.grad(y, args, g), torch.autograd.grad(yr, args, g)):
-        _same_mask_close(b, a)
+        assert_same_or_close(b, a)
 
 
 @pytest.mark.parametrize("device,dtype", DEVICE_DTYPES)
@@ -446,7 +445,7 @@ def test_zero_and_one_packed_rows(device, dtype, name, rows):
     d = ops.Dropout(0.5, SEED, 1)
     y, yp = call(args, d), call(packed, dropout_stream.at_rows(d, rows))
     assert yp.shape == (rows.numel(), 7)
-    _same_mask_close(yp, y.reshape(-1, 7)[rows])
+    assert_same_or_close(yp, y.reshape(-1, 7)[rows])
     grads = torch.autograd.grad(yp, packed, torch.ones_like(yp))
     assert all(g.shape == a.shape for g, a in zip(grads, packed))
     if rows.numel() == 0:
@@ -456,11 +455,12 @@ def test_zero_and_one_packed_rows(device, dtype, name, rows):
 @pytest.mark.parametrize("device,dtype", DEVICE_DTYPES)
 @pytest.mark.parametrize("name", sorted(ROW_OPS))
 @pytest.mark.parametrize("offset", [0, 3, (1 << 33) + 1])
-def test_row_map_kernels_match_reference(device, dtype, name, offset):
+@pytest.mark.parametrize("C", [13, 16])
+def test_row_map_kernels_match_reference(device, dtype, name, offset, C):
     """Any row map (unsorted, repeated, far rows) against the reference, forward and backward."""
     kinds, call = ROW_OPS[name]
     rows = torch.tensor([9, 0, 4, 4, 1 << 30, 3, 17], dtype=torch.int64, device=device)
-    args = [randn(*((rows.numel(), 13) if k == "rows" else (13,)), dtype=dtype, device=device, seed=i,
+    args = [randn(*((rows.numel(), C) if k == "rows" else (C,)), dtype=dtype, device=device, seed=i,
                   requires_grad=True) for i, k in enumerate(kinds)]
     args_r = [a.detach().clone().requires_grad_() for a in args]
     d = ops.Dropout(0.3, SEED, offset, rows)
@@ -472,6 +472,16 @@ def test_row_map_kernels_match_reference(device, dtype, name, offset):
         assert_close(a, b, scale=4)
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+@pytest.mark.parametrize("cols", [1, 7, 16])
+@pytest.mark.parametrize("offset", [0, 2, (1 << 33) + 3])
+def test_compiled_mask_with_rows_is_the_reference(device, cols, offset):
+    rows = torch.tensor([6, 0, 3, 3, 1 << 31, 1], device=device)
+    got = ops.dropout_mask(rows.numel() * cols, 0.4, SEED, offset, device, rows, cols)
+    want = reference.keep_bits(reference.stream_elements((rows.numel(), cols), offset, rows, device), 0.4, SEED)
+    assert torch.equal(got, want.flatten())
+
+
 @pytest.mark.parametrize("name", sorted(ROW_OPS))
 def test_gradcheck_with_rows_float64(name):
     kinds, call = ROW_OPS[name]
@@ -480,6 +490,18 @@ def test_gradcheck_with_rows_float64(name):
             for i, k in enumerate(kinds)]
     d = ops.Dropout(0.3, SEED, 2, rows)
     assert torch.autograd.gradcheck(lambda *a: call(a, d), tuple(args))
+
+
+def test_rows_run_the_compiled_kernels_and_keep_only_the_row_map():
+    from fairseq_lightseq.ops.dropout import DropoutFunction
+    functions = {"dropout": DropoutFunction, "bias_dropout_residual": BiasDropoutResidualFunction,
+                 "bias_act_dropout": BiasActDropoutFunction}
+    rows = torch.tensor([4, 0, 2])
+    for name, (kinds, call) in ROW_OPS.items():
+        args = [randn(*((3, 7) if k == "rows" else (7,)), requires_grad=True) for k in kinds]
+        y = call(args, ops.Dropout(0.3, SEED, 1, rows))
+        assert type(y.grad_fn).__name__ == functions[name].__name__ + "Backward", name
+        assert any(t is rows for t in y.grad_fn.saved_tensors), name
 
 
 def test_at_rows_sets_the_row_map_of_an_active_draw_only():
@@ -494,6 +516,7 @@ def test_at_rows_sets_the_row_map_of_an_active_draw_only():
     (torch.tensor([0, 1], dtype=torch.int32), "rows must be a 1-D int64"),
     (torch.tensor([[0, 1]]), "rows must be a 1-D int64"),
     (torch.tensor([0, 1, 2]), "3 rows"),
+    (torch.arange(7), "7 rows"),  # 7 rows of 2 would be 14 elements too: the op reads rows of its last dim
 ])
 @pytest.mark.parametrize("name", sorted(ROW_OPS))
 def test_bad_row_map_names_rows(name, rows, match):

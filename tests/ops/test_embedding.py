@@ -300,6 +300,9 @@ def test_traces_under_torch_compile_fake_tensors():
         y = torch.ops.fairseq_lightseq.embedding_fwd(tok, torch.empty(50, 64), torch.empty(20, 64), tok, PAD, 8.0,
                                                      0.1, 1, 0)
         dw, dp = torch.ops.fairseq_lightseq.embedding_bwd(y, tok, tok, 50, 0, PAD, 8.0, 0.1, 1, 0)
+        rows = torch.empty(15, dtype=torch.int64)
+        yr = torch.ops.fairseq_lightseq.embedding_fwd(tok, torch.empty(50, 64), None, None, PAD, 8.0, 0.1, 1, 0, rows)
+    assert yr.shape == (3, 5, 64)
     assert y.shape == (3, 5, 64) and dw.shape == (50, 64) and dp.shape == (0, 64)
 
 
@@ -369,12 +372,6 @@ def test_cuda_bad_token_names_the_limit(op, tokens, positions, match):
 
 # ---- packed rows: the real tokens of a time-major [T, B] batch, with the row map of their padded rows ----
 
-
-def _same_mask_close(actual, expected):
-    """The same dropout mask (zeros) and values within twice the dtype's tolerance."""
-    assert torch.equal(actual == 0, expected == 0)
-    assert_close(actual, expected, scale=2)
-
 def _time_major_batch(T, B, layout, device, seed=0):
     """Tokens [T, B] in [2, 20) with pad tokens where the padding mask says, and fairseq's positions of
     the padded tokens (the packed model computes them before packing)."""
@@ -403,7 +400,7 @@ def test_packed_call_equals_the_padded_call_at_its_rows(device, dtype, e, layout
     yp = ops.embedding(_packed(tok, rows), w, pw, PAD, e**0.5, dropout_stream.at_rows(d, rows),
                        positions=_packed(positions, rows))
     assert yp.shape == (rows.numel(), 1, e)
-    _same_mask_close(yp.view(-1, e), y.view(-1, e)[rows])
+    assert_same_or_close(yp.view(-1, e), y.view(-1, e)[rows])
     g = randn(T, B, e, dtype=dtype, device=device, seed=4)
     # pad tokens give no gradient, so the padded call's gradient is the real tokens' (summed in another order)
     for got, full in zip(_grads(yp, w, pw, g.view(-1, e)[rows].view(-1, 1, e)), _grads(y, w, pw, g)):
@@ -419,10 +416,10 @@ def test_identity_row_map_is_the_op_without_rows(device, dtype):
     d = ops.Dropout(0.4, 77, 5)
     y = ops.embedding(tok, w, pw, PAD, 2.0, d, positions=positions)
     yr = ops.embedding(tok, w, pw, PAD, 2.0, dropout_stream.at_rows(d, rows), positions=positions)
-    _same_mask_close(yr, y)
+    assert_same_or_close(yr, y)
     g = randn(*y.shape, dtype=dtype, device=device, seed=2)
     for a, b in zip(_grads(yr, w, pw, g), _grads(y, w, pw, g)):
-        _same_mask_close(a, b)
+        assert_same_or_close(a, b)
 
 
 @pytest.mark.parametrize("device,dtype", DEVICE_DTYPES)
@@ -436,7 +433,7 @@ def test_zero_and_one_packed_rows(device, dtype, rows):
     yp = ops.embedding(_packed(tok, rows), w, pw, PAD, 1.0, dropout_stream.at_rows(d, rows),
                        positions=_packed(positions, rows))
     assert yp.shape == (rows.numel(), 1, 7)
-    _same_mask_close(yp.view(-1, 7), y.view(-1, 7)[rows])
+    assert_same_or_close(yp.view(-1, 7), y.view(-1, 7)[rows])
     dw, dp = _grads(yp, w, pw, torch.ones_like(yp))
     assert dw.shape == w.shape and dp.shape == pw.shape
     if rows.numel() == 0:
@@ -445,13 +442,14 @@ def test_zero_and_one_packed_rows(device, dtype, rows):
 
 @pytest.mark.parametrize("device,dtype", DEVICE_DTYPES)
 @pytest.mark.parametrize("offset", [0, 3, 2**35 + 5])
-def test_row_map_kernel_matches_reference(device, dtype, offset):
+@pytest.mark.parametrize("e", [13, 16])
+def test_row_map_kernel_matches_reference(device, dtype, offset, e):
     """Any row map (unsorted, repeated, far rows) against the reference, forward and backward; the
-    tokens [2, 3] lay the rows out as b * T + t."""
+    tokens [2, 3] lay the rows out as b * T + t. Width 16 at offset 0 takes the CUDA vector paths."""
     tok = torch.tensor([[2, 5, PAD], [5, 3, 2]], device=device)
     positions = reference.make_positions(tok, PAD)
     rows = torch.tensor([7, 0, 2, 2, 1 << 30, 9], dtype=torch.int64, device=device)
-    w, pw = _tables(8, 13, "learned", 6, device, dtype)
+    w, pw = _tables(8, e, "learned", 6, device, dtype)
     d = ops.Dropout(0.3, 77, offset, rows)
     y = ops.embedding(tok, w, pw, PAD, 1.5, d, positions=positions)
     w64, pw64 = _f64(w), _f64(pw)
@@ -461,6 +459,15 @@ def test_row_map_kernel_matches_reference(device, dtype, offset):
     g = randn(*y.shape, dtype=dtype, device=device, seed=3)
     for a, b in zip(_grads(y, w, pw, g), _grads(yr, w64, pw64, g.double())):
         assert_close(a, b, dtype=dtype, scale=4)
+
+
+def test_rows_run_the_compiled_kernel_and_keep_only_the_row_map():
+    tok = torch.tensor([[2, 3, PAD]])
+    w, pw = _tables(10, 8, "learned", 12, "cpu", torch.float32)
+    rows = torch.tensor([5, 1, 0])
+    y = ops.embedding(tok, w, pw, PAD, 1.0, ops.Dropout(0.3, 1, 0, rows))
+    assert type(y.grad_fn).__name__ == EmbeddingFunction.__name__ + "Backward"
+    assert any(t is rows for t in y.grad_fn.saved_tensors)
 
 
 def test_gradcheck_with_rows_float64():
@@ -475,6 +482,7 @@ def test_gradcheck_with_rows_float64():
 @pytest.mark.parametrize("rows,match", [
     (torch.tensor([0, 1], dtype=torch.int32), "rows must be a 1-D int64"),
     (torch.tensor([0, 1, 2]), "3 rows"),
+    (torch.tensor([[0, 1]]), "rows must be a 1-D int64"),
 ])
 def test_bad_row_map_names_rows(rows, match):
     w, pw = _tables(10, 8, "learned", 12, "cpu", torch.float32)

@@ -3,7 +3,7 @@
 Bit-for-bit the generator of csrc/include/fls/philox.h: the keep bit of element e of a draw with
 (seed, offset) depends on (seed, offset + e) only. See that header for the definition.
 """
-__all__ = ["keep_mask", "dropout", "stream_elements"]
+__all__ = ["keep_bits", "keep_mask", "dropout", "stream_elements"]
 
 import math
 from typing import Optional, Sequence
