@@ -70,6 +70,7 @@ benchmark_lm     second 150  220  py      -m scripts.benchmark --family lm --dev
 benchmark_roberta second 100 180  py      -m scripts.benchmark --family roberta --device cuda --warmup 20 --steps 50 --rounds 1 --json $OUT_DIR/benchmark_roberta.json
 bench_ops_fp16   second  30   75  py      -m scripts.bench_ops --device cuda --dtype fp16 --shapes base,big,large,long --skip-ref --json $OUT_DIR/bench_ops_fp16.json
 benchmark_bf16   second 150  220  py      -m scripts.benchmark $BENCH_FIRST --precision bf16 --json $OUT_DIR/benchmark_bf16.json
+benchmark_padded second 100  200  py      -m scripts.benchmark $BENCH_FIRST --precision fp16,bf16 --sides ls --ls-extra "--ls-packed False" --json $OUT_DIR/benchmark_padded.json
 sp_bench         second  60  150  py      -m scripts.bench_sequence_parallel --device cuda --dtype bf16 --lengths 4k 8k 16k 32k --max-gib 100 --warmup 1 --reps 3 --json $OUT_DIR/bench_sequence_parallel_bf16.json
 bench_ops_bf16   second  30   75  py      -m scripts.bench_ops --device cuda --dtype bf16 --shapes base,big,large --skip-ref --json $OUT_DIR/bench_ops_bf16.json
 tests_cuda       only    60  180  pytest  -m cuda tests

@@ -21,7 +21,7 @@ RECOMPUTE_DEFAULTS = {"ls_transformer": True, "ls_transformer_lm": False, "ls_ro
 
 # --ls-packed's default per model: packed rows where the benchmark on real batches shows them faster than
 # the padded path (the figures are in the benchmark results, not here).
-PACKED_DEFAULTS = {"ls_transformer": False, "ls_transformer_lm": False, "ls_roberta": False}
+PACKED_DEFAULTS = {"ls_transformer": True, "ls_transformer_lm": True, "ls_roberta": True}
 
 # Dropout probabilities the layers take; each must be in [0, 1] (checked at build, not by the first
 # forward's op). --relu-dropout is fairseq's old name for --activation-dropout.
@@ -154,10 +154,11 @@ def packed_option(args, name: str) -> bool:
 def packings(model: nn.Module, padding_masks, requested: bool):
     """The Packings (modules.packing) of a forward's padded sides, or None when it runs padded. padding_masks:
     [B, T] bool masks (True at padding), one per side (translation: source, then target). Packed when the
-    model has --ls-packed on and the forward is a training one or an ls criterion's (`requested`, validation
-    included), and some side has padding (a batch without any gives the padded path's numbers by running it).
-    Everything else (generation, scoring, the hub, fairseq's own criteria in evaluation) runs padded."""
-    if not getattr(model, "ls_packed", False) or not (model.training or requested):
+    model has --ls-packed on, the caller reads only real rows (`requested`: an ls criterion asking for packed
+    rows, a RoBERTa classification or masked-LM head), and some side has padding (a batch without any gives
+    the padded path's numbers by running it). Every other forward returns fairseq's [B, T, ...] outputs
+    from the padded path: generation, scoring, the hub, fairseq's own translation and LM criteria."""
+    if not getattr(model, "ls_packed", False) or not requested:
         return None
     packs = tuple(packing.pack(mask) for mask in padding_masks)
     return packs if any(p.has_padding for p in packs) else None

@@ -99,33 +99,30 @@ class LSRobertaModel(LSModelMixin, RobertaModel):
 
     def forward(self, src_tokens, features_only: bool = False, return_all_hiddens: bool = False,
                 classification_head_name=None, packed_rows: bool = False, **kwargs):
-        """fairseq's forward; with --ls-packed (common.packings decides: training, a classification head's or
-        the masked tokens' forward, or an ls criterion's `packed_rows`) the sentence encoder runs the batch's
-        real tokens as packed rows. Then a classification head reads each sentence's position-0 row (fairseq's
-        RobertaClassificationHead reads features[:, 0] only), the LM head the masked tokens' rows, and
-        packed_rows returns the rows [N, E] with their Packing in the extra output; anything else unpacks to
-        [B, T, E]. return_all_hiddens and other head classes run padded."""
+        """fairseq's forward. With --ls-packed on (common.packings decides) the sentence encoder runs the
+        batch's real tokens as packed rows where the caller reads only real rows: a classification head
+        reads each sentence's position-0 row (fairseq's RobertaClassificationHead reads features[:, 0]
+        only), the LM head the masked tokens' rows, and packed_rows (an ls criterion) returns the rows [N, E]
+        with their Packing in the extra output. Everything else, return_all_hiddens and other head classes
+        run padded."""
         head = self.classification_heads[classification_head_name] if classification_head_name is not None else None
         masked_tokens = kwargs.get("masked_tokens")
-        sentence_encoder = self.encoder.sentence_encoder
+        masked_logits = masked_tokens is not None and not features_only
         packs = None
         if not return_all_hiddens and (head is None or type(head) is fs.RobertaClassificationHead):
-            packs = common.packings(self, (src_tokens.eq(sentence_encoder.padding_idx),),
-                                    packed_rows or head is not None or masked_tokens is not None)
+            padding_mask = src_tokens.eq(self.encoder.sentence_encoder.padding_idx)
+            packs = common.packings(self, (padding_mask,), packed_rows or head is not None or masked_logits)
         if packs is None:
             return super().forward(src_tokens, features_only, return_all_hiddens, classification_head_name, **kwargs)
         pack = packs[0]
-        x = sentence_encoder.forward_packed(src_tokens, pack)
+        x = self.encoder.sentence_encoder.forward_packed(src_tokens, pack)
         extra = {"inner_states": []}
         if head is not None:
             return head(x.index_select(0, pack.first_rows()).unsqueeze(1)), extra
-        if packed_rows:
-            extra[packing.EXTRA_KEY] = pack
-            return x, extra
-        if not features_only and masked_tokens is not None:
+        if masked_logits:
             return self.encoder.lm_head(x, masked_tokens=pack.gather(masked_tokens)), extra
-        x = pack.unpack(x)
-        return (x if features_only else self.encoder.output_layer(x)), extra
+        extra[packing.EXTRA_KEY] = pack
+        return x, extra
 
     @classmethod
     def add_args(cls, parser):

@@ -36,9 +36,9 @@ class LSTransformerModel(LSModelMixin, TransformerModel):
 
     def forward(self, src_tokens, src_lengths, prev_output_tokens, return_all_hiddens: bool = True,
                 features_only: bool = False, alignment_layer=None, alignment_heads=None, packed_rows: bool = False):
-        """fairseq's forward; with --ls-packed (common.packings decides) the encoder and decoder run packed
-        rows: the source's real tokens, then the target's, both packed once here. packed_rows: an ls
-        criterion asks for the features as packed rows ([N, E], their Packing in the extra output)."""
+        """fairseq's forward. packed_rows: an ls criterion asks for the features of the target's real tokens as
+        packed rows ([N, E], their Packing in the extra output); with --ls-packed on (common.packings decides)
+        the encoder and decoder then run packed rows, the source and the target each packed once here."""
         packs = common.packings(self, (src_tokens.eq(self.encoder.padding_idx),
                                        prev_output_tokens.eq(self.decoder.padding_idx)), packed_rows)
         if packs is None:
@@ -48,7 +48,7 @@ class LSTransformerModel(LSModelMixin, TransformerModel):
         source, target = packs
         encoder_rows = self.encoder.forward_packed(src_tokens, source)
         x = self.decoder.forward_packed(prev_output_tokens, target, encoder_rows, source)
-        return self.decoder.packed_output(x, target, features_only, packed_rows)
+        return self.decoder.packed_output(x, target)
 
     @classmethod
     def build_encoder(cls, cfg, src_dict, embed_tokens):

@@ -61,16 +61,17 @@ class LSTransformerLanguageModel(LSModelMixin, TransformerLanguageModel):
         return common.finish_build(cls(decoder), NAME, args, task, (decoder,), decoder)
 
     def forward(self, src_tokens, packed_rows: bool = False, **kwargs):
-        """fairseq's forward (the decoder's); with --ls-packed (common.packings decides) the decoder runs the
-        batch's real tokens as packed rows. packed_rows: an ls criterion asks for the features as packed rows
-        ([N, E], their Packing in the extra output). Incremental decoding and return_all_hiddens run padded."""
+        """fairseq's forward (the decoder's). packed_rows: an ls criterion asks for the features of the real
+        tokens as packed rows ([N, E], their Packing in the extra output); with --ls-packed on
+        (common.packings decides) the decoder then runs the packed rows. Incremental decoding and
+        return_all_hiddens run padded."""
         packs = None
         if kwargs.get("incremental_state") is None and not kwargs.get("return_all_hiddens", False):
             packs = common.packings(self, (src_tokens.eq(self.decoder.padding_idx),), packed_rows)
         if packs is None:
             return super().forward(src_tokens, **kwargs)
         x = self.decoder.forward_packed(src_tokens, packs[0])
-        return self.decoder.packed_output(x, packs[0], bool(kwargs.get("features_only", False)), packed_rows)
+        return self.decoder.packed_output(x, packs[0])
 
 
 def transformer_lm_defaults(args):

@@ -52,11 +52,6 @@ class Packing(NamedTuple):
         """[B, T, ...] -> the real positions' [N, ...], packed order."""
         return t.reshape(self.B * self.T, *t.shape[2:]).index_select(0, self.index)
 
-    def unpack(self, x: Tensor) -> Tensor:
-        """[N, C] packed rows -> [B, T, C] with zeros at the padding."""
-        out = x.new_zeros(self.B * self.T, x.size(-1))
-        return out.index_copy(0, self.index, x).view(self.B, self.T, x.size(-1))
-
     def first_rows(self) -> Tensor:
         """int64 [B]: the packed row of each sentence's position 0 (its first token on the right-padded
         side). ValueError if a sentence does not start at position 0 (left padding, or no token)."""

@@ -306,17 +306,11 @@ class LSTransformerDecoder(_DropoutStreamMixin, TransformerDecoderBase):
             x = self.project_out_dim(x)
         return x
 
-    def packed_output(self, x: Tensor, pack: Packing, features_only: bool, packed_rows: bool):
-        """fairseq's decoder output from forward_packed's features x [N, E]: with packed_rows (an ls criterion
-        asked for them) the rows as they are, their Packing in the extra output under packing.EXTRA_KEY;
-        else unpacked to [B, T, E] (zeros at the padding) and, unless features_only, the logits [B, T, V].
-        The extra output has no attention and no inner states."""
-        extra = {"attn": [None], "inner_states": []}
-        if packed_rows:
-            extra[packing.EXTRA_KEY] = pack
-            return x, extra
-        x = pack.unpack(x)
-        return (x if features_only else self.output_layer(x)), extra
+    def packed_output(self, x: Tensor, pack: Packing):
+        """The decoder's output from forward_packed's features x [N, E], for the ls criterion that asked for
+        packed rows: the rows as they are, their Packing in the extra output under packing.EXTRA_KEY (no
+        attention, no inner states)."""
+        return x, {"attn": [None], "inner_states": [], packing.EXTRA_KEY: pack}
 
     def forward(self, prev_output_tokens, encoder_out=None, incremental_state=None, features_only: bool = False,
                 full_context_alignment: bool = False, alignment_layer: Optional[int] = None,

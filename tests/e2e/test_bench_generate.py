@@ -2,30 +2,34 @@
 decode the same sentences through fairseq-generate's path, sides in turns. The speed is not judged
 (tiny model, shared CPU); what is checked is the method and the output schema: both sides decode
 every sentence of every round to the fixed length, the ratios are the ones the batch times give, the
-machine is recorded. Marked `e2e`."""
+machine is recorded. The script's parent runs in the test process (support.inprocess); its children,
+one process per side and round, are processes as always. Marked `e2e`."""
 import json
-import os
 import statistics
-import subprocess
 import sys
 
 import pytest
 
+from support import ROOT, inprocess
+
 pytestmark = pytest.mark.e2e
 
-SCRIPT = ("-m", "scripts.bench_generate")  # run from the checkout's root
 TINY = ("--encoder-layers 1 --decoder-layers 1 --encoder-embed-dim 32 --decoder-embed-dim 32 --encoder-ffn-embed-dim 64 "
         "--decoder-ffn-embed-dim 64 --encoder-attention-heads 2 --decoder-attention-heads 2")
 
 
+def bench_generate(*args, **env):
+    """python -m scripts.bench_generate args (`env` added to the environment); returns (exit status, output)."""
+    return inprocess.call([sys.executable, "-m", "scripts.bench_generate", *args], ROOT, **env)
+
+
 def test_bench_generate_runs_both_sides_in_turns_and_writes_its_schema(tmp_path):
     out = tmp_path / "gen.json"
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
-    r = subprocess.run([sys.executable, *SCRIPT, "--sentences", "40", "--vocab", "104", "--model-args", TINY,
-                        "--tgt-len", "6", "--batch-size", "16", "--beam", "3", "--threads", "1", "--rounds", "2",
-                        "--warmup", "1", "--profile", "1", "--cache-dir", str(tmp_path / "cache"), "--json", str(out)],
-                       capture_output=True, text=True, timeout=300, env=env)
-    assert r.returncode == 0, f"bench_generate.py failed:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
+    rc, log = bench_generate("--sentences", "40", "--vocab", "104", "--model-args", TINY, "--tgt-len", "6",
+                             "--batch-size", "16", "--beam", "3", "--threads", "1", "--rounds", "2", "--warmup", "1",
+                             "--profile", "1", "--cache-dir", str(tmp_path / "cache"), "--json", str(out),
+                             OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+    assert rc == 0, f"bench_generate.py failed:\n{log[-6000:]}"
     res = json.loads(out.read_text())
     assert set(res["sides"]) == {"ls", "native"}
     assert res["sides"]["ls"]["model"] == "LSTransformerModel" and res["sides"]["native"]["model"] == "TransformerModel"
@@ -50,13 +54,12 @@ def test_bench_generate_runs_both_sides_in_turns_and_writes_its_schema(tmp_path)
     m = res["machine"]
     assert {"cpu", "nproc", "loadavg_before", "loadavg_after", "torch"} <= set(m)
     assert (res["beam"], res["batch_size"], res["threads"], res["tgt_len"], res["rounds"]) == (3, 16, 1, 6, 2)
-    assert "ls speed / native" in r.stdout and "identical best hypotheses" in r.stdout
+    assert "ls speed / native" in log and "identical best hypotheses" in log
 
 
 def test_check_args_writes_a_stub_and_bad_arguments_are_refused(tmp_path):
     stub = tmp_path / "stub.json"
-    r = subprocess.run([sys.executable, *SCRIPT, "--device", "cuda", "--check-args", "--json", str(stub)],
-                       capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0 and json.loads(stub.read_text())["rehearsal"] is True
-    r = subprocess.run([sys.executable, *SCRIPT, "--path", "x.pt"], capture_output=True, text=True, timeout=120)
-    assert r.returncode != 0 and "--path needs the --data-bin" in r.stderr
+    rc, _ = bench_generate("--device", "cuda", "--check-args", "--json", str(stub))
+    assert rc == 0 and json.loads(stub.read_text())["rehearsal"] is True
+    rc, out = bench_generate("--path", "x.pt")
+    assert rc != 0 and "--path needs the --data-bin" in out

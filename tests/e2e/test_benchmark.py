@@ -3,14 +3,16 @@
 for the LM (--family lm) and for RoBERTa's masked-LM pretraining (--family roberta); and --packed on a
 tiny Multi30k-shaped corpus written by the test. The numbers are not judged (tiny models on a shared CPU); what is checked
 is the method: every side trains on the identical step list, the reported ratios are the ones the
-per-step times give, MFU uses the given peak and the family's FLOPs. Marked `e2e`."""
+per-step times give, MFU uses the given peak and the family's FLOPs. The benchmark's parent (its
+parser, the pools, the summary) runs in the test process (support.inprocess); its children, one process
+per side and round, are processes as always. Marked `e2e`."""
 import json
-import os
 import statistics
-import subprocess
 import sys
 
 import pytest
+
+from support import ROOT, inprocess
 
 pytestmark = pytest.mark.e2e
 
@@ -18,25 +20,35 @@ TINY = "--encoder-embed-dim 32 --decoder-embed-dim 32 --encoder-ffn-embed-dim 64
        "--encoder-attention-heads 2 --decoder-attention-heads 2"
 TINY_LM = "--decoder-embed-dim 32 --decoder-input-dim 32 --decoder-output-dim 32 --decoder-ffn-embed-dim 64 " \
           "--decoder-attention-heads 2"  # input/output dims too: fairseq's transformer_lm keeps 512 otherwise
+MT_CORPUS = ["--corpus-pairs", "3000", "--vocab", "304"]  # one cached data-bin for the translation tests
 LM_CORPUS = ["--family", "lm", "--corpus-size", "2000", "--vocab", "104"]  # one cached data-bin for every LM test
 TINY_RB = "--encoder-embed-dim 32 --encoder-ffn-embed-dim 64 --encoder-attention-heads 2"
 RB_CORPUS = ["--family", "roberta", "--corpus-size", "2000", "--vocab", "104"]  # the LM's data-bin (same builder)
 
 
-def bench(tmp_path, name, *args, cache=None):
+def benchmark(*args):
+    """python -m scripts.benchmark args, one thread per process; returns (exit status, output)."""
+    return inprocess.call([sys.executable, "-m", "scripts.benchmark", *args], ROOT, OMP_NUM_THREADS="1",
+                          PYTHONWARNINGS="ignore")
+
+
+def bench(tmp_path, name, *args, cache):
     out = tmp_path / f"{name}.json"
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
-    r = subprocess.run([sys.executable, "-m", "scripts.benchmark", "--device", "cpu",
-                        "--cache-dir", str(cache or tmp_path / "cache"), "--json", str(out), *args],
-                       capture_output=True, text=True, timeout=600, env=env)
-    assert r.returncode == 0, f"benchmark.py {' '.join(args)} failed:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
-    return json.loads(out.read_text()), r.stdout
+    rc, log = benchmark("--device", "cpu", "--cache-dir", str(cache), "--json", str(out), *args)
+    assert rc == 0, f"benchmark.py {' '.join(args)} failed:\n{log[-6000:]}"
+    return json.loads(out.read_text()), log
 
 
-def test_throughput_sides_train_on_the_same_steps(tmp_path):
-    res, log = bench(tmp_path, "tp", "--corpus-pairs", "3000", "--vocab", "304", "--layers", "1", "--extra", TINY,
+@pytest.fixture(scope="module")
+def mt_cache(tmp_path_factory):
+    """One cache dir for the translation tests: the synthetic corpus is written once."""
+    return tmp_path_factory.mktemp("mt_cache")
+
+
+def test_throughput_sides_train_on_the_same_steps(tmp_path, mt_cache):
+    res, log = bench(tmp_path, "tp", *MT_CORPUS, "--layers", "1", "--extra", TINY,
                      "--max-tokens", "256", "--pool", "3", "--warmup", "1", "--steps", "4", "--rounds", "2",
-                     "--sides", "ls,fairseq,fairseq_fused", "--peak-tflops", "2.0", "--threads", "1")
+                     "--sides", "ls,fairseq,fairseq_fused", "--peak-tflops", "2.0", "--threads", "1", cache=mt_cache)
     row = res["precisions"]["fp32"]["shapes"]["256"]
     sides = row["sides"]
     assert set(sides) == {"ls", "fairseq", "fairseq_fused"}
@@ -60,9 +72,10 @@ def test_throughput_sides_train_on_the_same_steps(tmp_path):
     assert "per-step median [IQR]" in log and "pad fraction" in log
 
 
-def test_host_overhead_profiles_both_sides(tmp_path):
+def test_host_overhead_profiles_both_sides(tmp_path, mt_cache):
     res, log = bench(tmp_path, "host", "--host-overhead", "--host-pairs", "500", "--host-vocab", "104",
-                     "--pool", "2", "--warmup", "1", "--steps", "3", "--rounds", "1", "--ops-steps", "1")
+                     "--pool", "2", "--warmup", "1", "--steps", "3", "--rounds", "1", "--ops-steps", "1",
+                     cache=mt_cache)
     assert set(res["sides"]) == {"ls", "fairseq"}
     assert res["ls_over_base"] == pytest.approx(res["sides"]["ls"]["median_ms"] / res["sides"]["fairseq"]["median_ms"])
     for s in res["sides"].values():
@@ -72,16 +85,14 @@ def test_host_overhead_profiles_both_sides(tmp_path):
 
 
 def test_host_overhead_without_a_baseline_is_refused(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "scripts.benchmark", "--host-overhead", "--sides",
-                        "ls", "--cache-dir", str(tmp_path / "cache")], capture_output=True, text=True, timeout=120)
-    assert r.returncode != 0 and "--sides must name ls and fairseq" in r.stderr
+    rc, out = benchmark("--host-overhead", "--sides", "ls", "--cache-dir", str(tmp_path / "cache"))
+    assert rc != 0 and "--sides must name ls and fairseq" in out
 
 
 @pytest.mark.parametrize("attention", ["auto", "sdpa"])
-def test_activation_bytes_counts_both_sides(tmp_path, attention):
-    res, log = bench(tmp_path, "act", "--activation-bytes", "--corpus-pairs", "3000", "--vocab", "304",
-                     "--act-sizes", "base", "--layers", "1", "--max-tokens", "256", "--extra", TINY,
-                     "--ls-attention", attention)
+def test_activation_bytes_counts_both_sides(tmp_path, mt_cache, attention):
+    res, log = bench(tmp_path, "act", "--activation-bytes", *MT_CORPUS, "--act-sizes", "base", "--layers", "1",
+                     "--max-tokens", "256", "--extra", TINY, "--ls-attention", attention, cache=mt_cache)
     assert res["ls_attention"] == attention
     row = res["sizes"]["base"]["256"]
     assert row["ls"]["bytes"] > 0 and row["fairseq"]["bytes"] > 0
@@ -97,8 +108,9 @@ def lm_cache(tmp_path_factory):
 
 
 def test_lm_throughput_sides_train_on_the_same_blocks(tmp_path, lm_cache):
+    # one round per side: the split of the step list into rounds is checked on translation
     res, log = bench(tmp_path, "lm_tp", *LM_CORPUS, "--layers", "1", "--extra", TINY_LM, "--max-tokens", "256",
-                     "--seq-len", "32,64", "--pool", "3", "--warmup", "1", "--steps", "4", "--rounds", "2",
+                     "--seq-len", "32,64", "--pool", "3", "--warmup", "1", "--steps", "4", "--rounds", "1",
                      "--sides", "ls,fairseq", "--peak-tflops", "2.0", "--threads", "1", cache=lm_cache)
     assert res["family"] == "lm"
     prec = res["precisions"]["fp32"]
@@ -148,8 +160,9 @@ def test_lm_activation_bytes_at_each_block_length(tmp_path, lm_cache):
 
 
 def test_roberta_throughput_counts_input_tokens_and_masked_head_flops(tmp_path, lm_cache):
+    # one round per side: the split of the step list into rounds is checked on translation
     res, log = bench(tmp_path, "rb_tp", *RB_CORPUS, "--layers", "1", "--extra", TINY_RB, "--max-tokens", "256",
-                     "--seq-len", "64", "--pool", "3", "--warmup", "1", "--steps", "4", "--rounds", "2",
+                     "--seq-len", "64", "--pool", "3", "--warmup", "1", "--steps", "4", "--rounds", "1",
                      "--sides", "ls,fairseq,fairseq_fused", "--peak-tflops", "2.0", "--threads", "1", cache=lm_cache)
     assert res["family"] == "roberta" and res["tokens"].startswith("input tokens")
     prec = res["precisions"]["fp32"]
@@ -191,9 +204,8 @@ def test_roberta_activation_bytes(tmp_path, lm_cache):
 
 
 def test_seq_len_is_refused_for_translation(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "scripts.benchmark", "--seq-len", "512",
-                        "--cache-dir", str(tmp_path / "cache")], capture_output=True, text=True, timeout=120)
-    assert r.returncode != 0 and "batches sentences by --max-tokens only" in r.stderr
+    rc, out = benchmark("--seq-len", "512", "--cache-dir", str(tmp_path / "cache"))
+    assert rc != 0 and "batches sentences by --max-tokens only" in out
 
 
 def write_multi30k_like(d, n=300):
@@ -217,7 +229,7 @@ def test_packed_mode_times_packed_padded_and_fairseq_on_real_batches(tmp_path):
     corpus = write_multi30k_like(tmp_path / "multi30k")
     res, log = bench(tmp_path, "packed", "--packed", "--multi30k", str(corpus), "--tiny", "--cases", "sentence,sweep",
                      "--pool", "2", "--warmup", "1", "--steps", "2", "--rounds", "1", "--ops-steps", "1",
-                     "--sweep-batch", "8x16", "--sweep-pads", "0,0.4")
+                     "--sweep-batch", "8x16", "--sweep-pads", "0,0.4", cache=tmp_path / "cache")
     assert res["mode"] == "packed" and len(res["commit"]) == 40 and res["threads"] == 1
     row = res["cases"]["sentence"]["pools"]["sentence"]
     assert set(row["sides"]) == {"ls_packed", "ls_padded", "fairseq", "fairseq_fused"}
@@ -241,6 +253,5 @@ def test_packed_mode_times_packed_padded_and_fairseq_on_real_batches(tmp_path):
 
 
 def test_packed_mode_names_a_missing_corpus(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "scripts.benchmark", "--packed", "--multi30k", str(tmp_path / "none")],
-                       capture_output=True, text=True, timeout=120)
-    assert r.returncode != 0 and "--multi30k" in r.stderr and "train.en.gz" in r.stderr
+    rc, out = benchmark("--packed", "--multi30k", str(tmp_path / "none"))
+    assert rc != 0 and "--multi30k" in out and "train.en.gz" in out

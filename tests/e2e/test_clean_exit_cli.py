@@ -24,7 +24,10 @@ def corpus(tmp_path_factory):
     return make_corpus(str(tmp_path_factory.mktemp("clean_exit")), n_valid=6000)
 
 
-def test_ten_consecutive_runs_exit_0(corpus):
+def test_consecutive_runs_exit_0(corpus):
+    """Each busy-buffer command once (it aborts on every run without the hook, so a repeat adds
+    nothing), the issue's command once per model, and fairseq-generate on the saved checkpoint once
+    (its one-batch test set is read to the end: no thread is left collating)."""
     d = corpus
     def fairseq_train(*args):
         return train(d, *args, check=False, process=True)
@@ -36,9 +39,8 @@ def test_ten_consecutive_runs_exit_0(corpus):
         ("issue command, ls", lambda: fairseq_train(*LS, *COMMON, *ISSUE)),
         ("transformer, busy buffer", lambda: fairseq_train(*NATIVE, *COMMON, *BUSY_BUFFER, "--no-save")),
         ("ls, busy buffer", lambda: fairseq_train(*LS, *COMMON, *BUSY_BUFFER, "--no-save")),
-        ("transformer, busy buffer", lambda: fairseq_train(*NATIVE, *COMMON, *BUSY_BUFFER, "--no-save")),
-        ("ls, busy buffer", lambda: fairseq_train(*LS, *COMMON, *BUSY_BUFFER, "--no-save")),
-    ] + [("generate", lambda: generate(d, "ckpt/checkpoint_last.pt", check=False, process=True)[:2])] * 3
+        ("generate", lambda: generate(d, "ckpt/checkpoint_last.pt", check=False, process=True)[:2]),
+    ]
     failures = []
     for name, fn in runs:
         rc, out = fn()

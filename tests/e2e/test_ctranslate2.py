@@ -12,7 +12,7 @@ import sys
 import pytest
 import torch
 
-from support import ROOT
+from support import ROOT, inprocess
 from support.cli import env, generate, make_corpus, make_data_bin, make_lm_data_bin, run, train_args
 
 ctranslate2 = pytest.importorskip("ctranslate2", reason="ctranslate2 is not installed (pip install ctranslate2)")
@@ -34,11 +34,10 @@ def exported(tmp_path_factory):
     make_data_bin(d, n_train=300, n_valid=20, n_test=40)
     run(["fairseq-train", *train_args("bin", "ckpt", 120), "--lr", "0.01", "--no-epoch-checkpoints",
          "--disable-validation"], d)
-    r = subprocess.run([sys.executable, "-m", "fairseq_lightseq.export_ctranslate2", os.path.join(d, "ckpt",
-                        "checkpoint_last.pt"), os.path.join(d, "bin"), os.path.join(d, "ct2")],
-                       cwd=ROOT, capture_output=True, text=True, timeout=300, env=env())
-    assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
-    assert "wrote" in r.stdout
+    rc, out = inprocess.call([sys.executable, "-m", "fairseq_lightseq.export_ctranslate2",
+                              os.path.join(d, "ckpt", "checkpoint_last.pt"), os.path.join(d, "bin"),
+                              os.path.join(d, "ct2")], ROOT)
+    assert rc == 0 and "wrote" in out, out[-4000:]
     return d
 
 

@@ -8,14 +8,13 @@ Marked `e2e`; skipped, with one reason, where the ctranslate2 package is not ins
 import argparse
 import os
 import re
-import subprocess
 import sys
 
 import pytest
 import torch
 
-from support import ROOT
-from support.cli import USER_DIR, env, make_lm_data_bin, run
+from support import ROOT, inprocess
+from support.cli import USER_DIR, make_lm_data_bin, run
 
 ctranslate2 = pytest.importorskip("ctranslate2", reason="ctranslate2 is not installed (pip install ctranslate2)")
 
@@ -59,12 +58,10 @@ def exported(request, data):
     to d/ct2_NAME."""
     d, name = data, request.param
     run(["fairseq-train", "bin", *STACKS[name], *COMMON, "--save-dir", name], d)
-    r = subprocess.run([sys.executable, "-m", "fairseq_lightseq.export_ctranslate2",
-                        os.path.join(d, name, "checkpoint_last.pt"), os.path.join(d, "bin"),
-                        os.path.join(d, f"ct2_{name}")], cwd=ROOT, capture_output=True, text=True, timeout=300,
-                       env=env())
-    assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
-    assert "wrote" in r.stdout
+    rc, out = inprocess.call([sys.executable, "-m", "fairseq_lightseq.export_ctranslate2",
+                              os.path.join(d, name, "checkpoint_last.pt"), os.path.join(d, "bin"),
+                              os.path.join(d, f"ct2_{name}")], ROOT)
+    assert rc == 0 and "wrote" in out, out[-4000:]
     return d, name
 
 

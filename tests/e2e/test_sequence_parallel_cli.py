@@ -5,10 +5,10 @@ language model (ls_transformer_lm, --tokens-per-sample blocks) where marked [bot
 * [both] one SGD update with --sequence-parallel-size 2 moves every parameter as one process does, in
   both modes (the LM: ulysses), with all dropouts at 0.1 (a mask that differs in 2% of its elements
   already gives errors near 1e-1 here: the masks must be the single-process ones);
-* 8 ls_adam updates: SP 2 logs the 1-process losses, SP 2 x DP 2 (4 ranks) the 2-rank DP losses
-  [both], with the same words and sentences per batch; the loss falls; the SP checkpoint decodes with
-  fairseq-generate; the LM: SP 2 stopped after 4 updates and resumed to 8 logs the 1-process losses,
-  and fairseq-eval-lm gives its checkpoint the 1-process checkpoint's loss;
+* 8 ls_adam updates: SP 2 (under torchrun) logs the 1-process losses, SP 2 x DP 2 (4 ranks) the
+  2-rank DP losses [both], with the same words and sentences per batch; the loss falls; the SP
+  checkpoint decodes with fairseq-generate; the LM: SP 2 stopped after 4 updates and resumed to 8
+  logs the 1-process losses, and fairseq-eval-lm gives its checkpoint the 1-process checkpoint's loss;
 * refused combinations exit non-zero with a message naming the option [both]. Marked `e2e`."""
 import functools
 import os
@@ -118,27 +118,24 @@ def one_process(data_bin, tmp_path_factory):
     return _adam(data_bin, d, 1)[0], d
 
 
-def test_sp2_logs_the_one_process_losses_and_decodes(data_bin, tmp_path, one_process):
-    (tmp_path / "sp").mkdir()
+def test_sp2_under_torchrun_logs_the_one_process_losses_and_decodes(data_bin, tmp_path, one_process):
+    """SP 2 started by torchrun: its environment gives the world size (fairseq learns it after parsing
+    the arguments); the hand launch of SP ranks runs in the other tests of this file."""
     one, one_dir = one_process
-    sp, _ = _adam(data_bin, tmp_path / "sp", 2, "--sequence-parallel-size", "2")
-    _same_run(sp, one)
-    # fairseq-generate (one process, no torch.distributed) runs the SP checkpoint unsharded: the
-    # hypotheses are the 1-process checkpoint's
-    corpus = os.path.dirname(data_bin)
-    _, out, hyps = generate(corpus, str(tmp_path / "sp" / "checkpoint_last.pt"))
-    _, _, reference = generate(corpus, str(one_dir / "checkpoint_last.pt"))
-    assert hyps and {k: h for k, (_, h) in hyps.items()} == {k: h for k, (_, h) in reference.items()}, out[-3000:]
-
-
-def test_sp2_under_torchrun(data_bin, tmp_path, one_process):
-    """torchrun's environment gives the world size (fairseq learns it after parsing the arguments)."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
            "--master_port", str(free_port()), os.path.join(BIN, "fairseq-train"),
            *_args(data_bin, tmp_path, 8, "--max-tokens", "200"), "--distributed-backend", "gloo",
            "--ddp-backend", "legacy_ddp", "--sequence-parallel-size", "2"]
     _, log = run(cmd, cwd=str(tmp_path))
-    _same_run([(float(r["loss"]), float(r["wpb"]), float(r["bsz"])) for r in train_inner(log)], one_process[0])
+    sp = [(float(r["loss"]), float(r["wpb"]), float(r["bsz"])) for r in train_inner(log)]
+    assert len(sp) == 8, log[-3000:]
+    _same_run(sp, one)
+    # fairseq-generate (one process, no torch.distributed) runs the SP checkpoint unsharded: the
+    # hypotheses are the 1-process checkpoint's
+    corpus = os.path.dirname(data_bin)
+    _, out, hyps = generate(corpus, str(tmp_path / "checkpoint_last.pt"))
+    _, _, reference = generate(corpus, str(one_dir / "checkpoint_last.pt"))
+    assert hyps and {k: h for k, (_, h) in hyps.items()} == {k: h for k, (_, h) in reference.items()}, out[-3000:]
 
 
 def test_sp2_dp2_logs_the_dp2_losses(family, tmp_path):

@@ -98,6 +98,7 @@ def test_fused_projection_saves_less_than_the_logits_path():
     [V, E] fp32."""
     task = make_task(src_size=300)
     _, model = pair(task, seed=5)
+    model.ls_packed = False  # the same padded rows on both paths (packed rows: tests/fairseq/test_packed.py)
     sample = _sample(task, seed=6)
     params = list(model.parameters())
     crit = LsLabelSmoothedCrossEntropyCriterion(task, False, 0.1)
@@ -151,7 +152,8 @@ def test_fused_projection_with_decoder_output_dim(model_cls):
     projection takes), on ours and on fairseq's own transformer run with our criterion."""
     task = make_task()
     cls = LSTransformerModel if model_cls == "ls" else TransformerModel
-    model = perturb_(build(cls, task, decoder_output_dim=12, decoder_ffn_embed_dim=20, decoder_attention_heads=2), 5)
+    model = perturb_(build(cls, task, decoder_output_dim=12, decoder_ffn_embed_dim=20, decoder_attention_heads=2,
+                           ls_packed=False), 5)  # fairseq's criterion runs the padded rows (packed: test_packed.py)
     assert model.decoder.project_out_dim is not None
     sample = _sample(task, seed=6)
     ours = _run(LsLabelSmoothedCrossEntropyCriterion, model, task, sample)

@@ -5,8 +5,8 @@ Every rank builds the same model (float64, all dropouts 0.1) and batches. It com
 reference itself (one process, the DP batches summed), then its sharded share through the criterion;
 the world all-reduce of the shares (what fairseq's DDP does) must give the reference's summed loss,
 nll, counts and every gradient to 1e-9 relative (support.sp, shared with RoBERTa's SP tests). Ranks run over gloo on the CPU: 2 processes (P=2)
-and 4 (P=4, and 2 SP x 2 DP with different batches), one spawn per world size and family for all
-configurations.
+and 4 (P=4, and 2 SP x 2 DP with different batches), one spawn per world size for both families, all
+their configurations and the bytes each layer sends.
 """
 import argparse
 from typing import Callable, Dict, NamedTuple, Tuple
@@ -147,13 +147,6 @@ def _all_configs(family, sizes):
     return worst
 
 
-@pytest.mark.parametrize("family", list(FAMILIES))
-@pytest.mark.parametrize("world,sizes", [(2, (2,)), (4, (4, 2))], ids=["world2_P2", "world4_P4_and_2x2"])
-def test_sharded_equals_one_process(family, world, sizes):
-    worst = run(_all_configs, world, family, sizes, timeout=600)
-    print(f"{family} world {world}: largest relative gradient error {max(worst):.3g}")
-
-
 def _layer_volumes(sizes):
     """Bytes one layer's self-attention sends per rank, forward and backward (§2's table, with N =
     T_pad * B rows, E the width, float64): ulysses 4NE(P-1)/P^2, allgather 2NE(P-1)/P; the same for an
@@ -188,6 +181,16 @@ def _layer_volumes(sizes):
                 assert got == (8 * expected(N),) * 2, (kind, mode, P, got, 8 * expected(N))
 
 
-@pytest.mark.parametrize("world,sizes", [(2, (2,)), (4, (4, 2))], ids=["world2_P2", "world4_P4_P2"])
-def test_bytes_sent_per_layer_match_the_volume_formulas(world, sizes):
-    run(_layer_volumes, world, sizes)
+def _world_checks(sizes):
+    """In one spawn of the ranks: every family's configurations at each P of `sizes` (`_all_configs`) and
+    the bytes sent per layer (`_layer_volumes`); returns {family: largest relative gradient error}."""
+    worst = {family: _all_configs(family, sizes) for family in FAMILIES}
+    _layer_volumes(sizes)
+    return worst
+
+
+@pytest.mark.parametrize("world,sizes", [(2, (2,)), (4, (4, 2))], ids=["world2_P2", "world4_P4_and_2x2"])
+def test_sharded_equals_one_process_and_bytes_sent_match_the_volume_formulas(world, sizes):
+    results = run(_world_checks, world, sizes, timeout=600)
+    for family in FAMILIES:
+        print(f"{family} world {world}: largest relative gradient error {max(r[family] for r in results):.3g}")

@@ -1,7 +1,8 @@
 """fairseq's command-line tools run inside the test process: `call(argv, cwd)` runs fairseq-train,
-fairseq-generate, ... (or `python -m fairseq_cli.X`, or a script of SCRIPTS) as its console script
-would, from the same sys.argv, through the tool's own `cli_main` and fairseq's own parser, and
-returns (exit status, output) as a subprocess would give them. A fairseq process costs seconds of
+fairseq-generate, ... (or `python -m fairseq_cli.X`, a script of SCRIPTS, or `python -m M` for a
+module M of SCRIPT_MODULES) as its console script would, from the same sys.argv, through the tool's
+own `cli_main` (a script or script module: as `__main__`) and its own parser, and returns (exit
+status, output) as a subprocess would give them. A fairseq process costs seconds of
 start-up (torch, fairseq, the plugin); an in-process call costs the run alone.
 
 What the process would have and the test process lacks or shares, set for the call and restored after:
@@ -9,7 +10,8 @@ the working directory, sys.argv (fairseq's parser and the plugin's cli_config re
 environment (torch's TORCH_FORCE_* loader switches removed, as `support.cli.env` does for a
 subprocess), one torch thread (OMP_NUM_THREADS=1), warnings ignored (PYTHONWARNINGS=ignore), the
 global random states (fairseq seeds torch, numpy and random), the root logger (fairseq's format at
-INFO, into the captured output), the best validation score fairseq keeps on its functions, and
+INFO, into the captured output) and logging's global switch-off (`logging.disable`, which the
+benchmark sets to quiet fairseq), the best validation score fairseq keeps on its functions, and
 fairseq's data-buffer threads (stopped after the call, as the plugin's exit hook stops them at a
 process's exit).
 
@@ -36,17 +38,21 @@ IN_PROCESS = {"fairseq-train": "fairseq_cli.train", "fairseq-generate": "fairseq
               "fairseq-validate": "fairseq_cli.validate"}
 # the repository's scripts that import the plugin themselves (so that a process of theirs has it too)
 SCRIPTS = ("convert_checkpoint.py", "average_checkpoints.py")
+# modules run as `python -m M` whose own process is no part of what they do: the benchmarks' parents
+# (they prepare the data and start one child process per side and round themselves), the export
+SCRIPT_MODULES = ("scripts.benchmark", "scripts.bench_generate", "fairseq_lightseq.export_ctranslate2")
 LOG_FORMAT = "%(asctime)s | %(levelname)s | %(name)s | %(message)s"  # fairseq_cli's basicConfig
 
 
 def entry_point(cmd):
     """(module, argv) when `cmd` is a fairseq tool (console script name or path, or `python -m
-    fairseq_cli.X`) or `python SCRIPT` of SCRIPTS; module is None for a script. None otherwise."""
+    fairseq_cli.X`), `python SCRIPT` of SCRIPTS or `python -m M` of SCRIPT_MODULES; module is None for
+    a script. None otherwise."""
     name = os.path.basename(cmd[0])
     if name in IN_PROCESS:
         return IN_PROCESS[name], [name, *cmd[1:]]
     if cmd[0] == sys.executable and len(cmd) > 1:
-        if cmd[1] == "-m" and len(cmd) > 2 and cmd[2] in IN_PROCESS.values():
+        if cmd[1] == "-m" and len(cmd) > 2 and (cmd[2] in IN_PROCESS.values() or cmd[2] in SCRIPT_MODULES):
             return cmd[2], [cmd[2], *cmd[3:]]
         if os.path.basename(cmd[1]) in SCRIPTS:
             return None, cmd[1:]
@@ -73,7 +79,7 @@ def _process_state(argv, cwd, extra_env):
     threads = torch.get_num_threads()
     rng = torch.get_rng_state(), np.random.get_state(), random.getstate()
     root = logging.getLogger()
-    handlers, level = root.handlers[:], root.level
+    handlers, level, disabled = root.handlers[:], root.level, logging.root.manager.disable
     try:
         _forget_best()
         os.chdir(cwd)
@@ -99,6 +105,7 @@ def _process_state(argv, cwd, extra_env):
         random.setstate(rng[2])
         root.handlers[:] = handlers
         root.setLevel(level)
+        logging.disable(disabled)
         _forget_best()
 
 
@@ -117,6 +124,8 @@ def call(cmd, cwd, **extra_env):
         try:
             if module is None:
                 runpy.run_path(argv[0], run_name="__main__")
+            elif module in SCRIPT_MODULES:
+                runpy.run_module(module, run_name="__main__", alter_sys=True)
             else:
                 importlib.import_module(module).cli_main()
             rc = 0
