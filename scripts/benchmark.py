@@ -579,9 +579,10 @@ def machine(load_before) -> dict:
             "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None}
 
 
-def finish(res: dict, t0: float, load_before, argv, json_path) -> None:
+def finish(res: dict, t0: float, load_before, argv, json_path, more_paths=()) -> None:
     """Adds the wall time, the machine and argv to res, prints the closing line, writes res to json_path
-    with the measured tree's commit and without the machine's paths (bench_support/provenance.py)."""
+    with the measured tree's commit and without the machine's paths (bench_support/provenance.py;
+    more_paths: further (directory, placeholder) pairs to scrub)."""
     from scripts.bench_support.provenance import record
 
     res["wall_s"] = time.perf_counter() - t0
@@ -593,7 +594,7 @@ def finish(res: dict, t0: float, load_before, argv, json_path) -> None:
           f"{', '.join(f'{x:.1f}' for x in m['loadavg_after'])}", flush=True)
     if json_path:
         with open(json_path, "w") as f:
-            json.dump(record(res, res.get("repo") or ROOT), f, indent=1)
+            json.dump(record(res, res.get("repo") or ROOT, more_paths), f, indent=1)
 
 
 def parse_args(argv=None):
@@ -787,7 +788,7 @@ def main(argv=None):
     t0 = time.perf_counter()
     res = (packed(a) if a.packed else host_overhead(a) if a.host_overhead else
            activation_bytes(a) if a.activation_bytes else throughput(a))
-    finish(res, t0, load_before, argv, a.json)
+    finish(res, t0, load_before, argv, a.json, [(a.multi30k, "<multi30k>")] if a.packed else ())
 
 if __name__ == "__main__":
     main()

@@ -231,6 +231,7 @@ def test_packed_mode_times_packed_padded_and_fairseq_on_real_batches(tmp_path):
                      "--pool", "2", "--warmup", "1", "--steps", "2", "--rounds", "1", "--ops-steps", "1",
                      "--sweep-batch", "8x16", "--sweep-pads", "0,0.4", cache=tmp_path / "cache")
     assert res["mode"] == "packed" and len(res["commit"]) == 40 and res["threads"] == 1
+    assert "<multi30k>" in res["argv"] and str(corpus) not in json.dumps(res)  # the corpus folder scrubbed
     row = res["cases"]["sentence"]["pools"]["sentence"]
     assert set(row["sides"]) == {"ls_packed", "ls_padded", "fairseq", "fairseq_fused"}
     assert len({s["target_checksum"] for s in row["sides"].values()}) == 1
