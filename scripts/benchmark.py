@@ -13,6 +13,8 @@
     python -m scripts.benchmark --family roberta --device cuda    # GPU: roberta_base, bf16, T=512 at 16k tokens
     python -m scripts.benchmark --family roberta --host-overhead  # d=32, 12 layers, 1 thread
     python -m scripts.benchmark --family roberta --activation-bytes   # roberta_base and _large widths, T=512
+    python -m scripts.benchmark --packed               # --ls-packed True vs False vs fairseq on Multi30k, 1 thread
+    python -m scripts.benchmark --packed --cases sweep # only the padding sweep
     python -m scripts.benchmark --repo /path/to/other/checkout ...   # benchmark that tree's fairseq_lightseq
 
 Families (--family; bench_support/families.py is the one table: task, archs, the family's fairseq-train
@@ -62,6 +64,31 @@ against the target <= 0.6x: translation, --max-tokens 4096, Transformer-base and
 layers; lm, --max-tokens 2048 at T = 512 and 2048 (4 blocks, 1 block), transformer_lm (6 layers) and
 GPT-2-small (12 layers) widths; roberta, --max-tokens 2048 at T = 512 (4 blocks), roberta_base (12 layers)
 and roberta_large (24 layers) widths.
+
+--packed: the ls_ models with --ls-packed True (ls_packed: the layers compute the batch's real tokens only)
+against the same models with --ls-packed False (ls_padded), fairseq and fairseq_fused, on real batches:
+Multi30k En-De's training text (--multi30k DIR: train.en.gz, train.de.gz; default ../shared/data/multi30k
+from the repository root), split into words and punctuation and binarized once by fairseq-preprocess into
+--cache-dir (bench_support/multi30k.py). --family is not used; the cases are (--cases, default all;
+bench_support/packed.py): translation = ls_transformer 3+3 layers, d 256, FFN 1024, 4 heads, a joined
+dictionary of 10k tokens, one pool per --max-tokens (default 4096,16384); sentence = fairseq's
+sentence_prediction task and criterion on the English sentences, 2 classes (longer than the median
+sentence or not), roberta_base widths (d 768, FFN 3072, 12 heads) at 4 layers, --batch-size 32; lm = transformer_lm widths (d 512, FFN
+2048, 8 heads) at 2 layers on the English side, --sample-break-mode eos (one sentence a row, right-padded),
+the first --max-tokens; sweep = the translation model on synthetic batches of --sweep-batch B x T
+positions (default 128x32), the sentences' lengths T (1 - b/B)^k so that each --sweep-pads share of the
+positions (default 0, 0.1, ..., 0.6) is padding, ls_packed and ls_padded only. Every pool comes from
+fairseq's own loader (task.get_batch_iterator, shuffled with seed 1; --pool batches, default --steps)
+except the sweep's. Sides run in turns as in the throughput mode (default 1 thread, --warmup 2 steps per
+pool on the pool's own batches, --steps 16 timed per side and pool in --rounds 2); then --ops-steps 2
+steps under torch.profiler (each side's ops by self CPU time) and, per pool, bytes saved for backward
+by one training forward on its first batch, ls_packed vs ls_padded (bench_support/saved_bytes.py).
+Reported per pool: padding (padded positions / all positions of the source, the decoder input and both;
+ideal = all positions / real positions), tokens/s per side (the task's ntokens: target tokens for
+translation and the LM, input tokens for sentence_prediction), ls_packed's speed-up over each side
+(summed times and the per-step ratio's median and IQR) beside the ideal and the target, median ms per
+step (on the CPU the whole step is host time), saved bytes; for the sweep, the padding share at which
+packed overtakes padded. --tiny runs every model at d=32, FFN 64, 2 heads (tests).
 """
 import argparse
 import json
@@ -181,8 +208,10 @@ def step_split(steps: int, rounds: int):
     return [(cuts[r], cuts[r + 1]) for r in range(rounds)]
 
 
-def summarize(sides, runs, pool, steps, key: str, flops_of=None, peak=None) -> dict:
-    """Per side, over the identical step list: tokens/s, median ms, MFU, per-step ratio vs ls."""
+def summarize(sides, runs, pool, steps, key: str, flops_of=None, peak=None, ref: str = "ls") -> dict:
+    """Per side, over the identical step list: tokens/s, median ms, MFU, and the speed-up of side `ref`
+    over this one (ls_speedup_sum: the ratio of summed step times; ls_speedup_per_step: the per-step ratio's
+    median and quartiles)."""
     tokens = [pool[k % len(pool)]["ntokens"] for k in range(steps)]
     times = {s: [t for r in runs[s] for t in r["pools"][key]["times"]] for s in sides}
     out = {}
@@ -201,14 +230,14 @@ def summarize(sides, runs, pool, steps, key: str, flops_of=None, peak=None) -> d
             flops = sum(flops_of(pool[k % len(pool)]) for k in range(steps))
             row["tflops_per_s"] = flops / sum(t) / 1e12
             row["mfu"] = row["tflops_per_s"] / peak if peak else None
-        for extra in ("memory", "syncs", "busy_fraction", "loss_scale", "ops"):
+        for extra in ("memory", "syncs", "busy_fraction", "loss_scale", "ops", "saved_bytes"):
             vals = [r["pools"][key][extra] for r in runs[s] if extra in r["pools"][key]]
             if vals:
                 row[extra] = vals[-1]
-        if s != "ls" and "ls" in times:
-            ratios = [b / l for b, l in zip(t, times["ls"])]
+        if s != ref and ref in times:
+            ratios = [b / l for b, l in zip(t, times[ref])]
             q1, q2, q3 = quartiles(ratios)
-            row["ls_speedup_sum"] = sum(t) / sum(times["ls"])  # = ls tokens/s over this side's
+            row["ls_speedup_sum"] = sum(t) / sum(times[ref])  # = ref's tokens/s over this side's
             row["ls_speedup_per_step"] = {"median": q2, "q1": q1, "q3": q3}
         out[s] = row
     return {"step_tgt_tokens": tokens, "sides": out}
@@ -419,6 +448,123 @@ def activation_bytes(a) -> dict:
     return out
 
 
+def packed(a) -> dict:
+    """--packed: every case of bench_support/packed.py, its sides in turns (the ls sides' last process
+    also counts the saved bytes)."""
+    import torch
+
+    from scripts.bench_support import packed as pk
+    from scripts.bench_support.corpus import draw_pool
+    from scripts.bench_support.multi30k import data_bins
+
+    t0 = time.perf_counter()
+    bins = data_bins(a.multi30k, a.cache_dir)
+    print(f"data-bins: {os.path.dirname(bins['lm'])} (Multi30k from {a.multi30k}; "
+          f"{time.perf_counter() - t0:.0f} s incl. cache check)", flush=True)
+    tmp = tempfile.TemporaryDirectory(prefix="fls_bench_packed_")
+    parts = step_split(a.steps, a.rounds)
+    B, T = a.sweep_batch
+    print(f"packed: cases {', '.join(a.cases)}; device {a.device}; {a.threads} thread(s); "
+          f"{'tiny widths; ' if a.tiny else ''}pool {a.pool} batches; warm-up {a.warmup} steps per pool; "
+          f"{a.steps} timed steps per side and pool in {a.rounds} rounds; repo {a.repo}", flush=True)
+    out = {"mode": "packed", "device": a.device, "threads": a.threads, "tiny": a.tiny, "extra": a.extra,
+           "pool": a.pool, "warmup": a.warmup, "steps": a.steps, "rounds": a.rounds, "ops_steps": a.ops_steps,
+           "sweep_batch": [B, T], "repo": a.repo, "cases": {}}
+    for case in pk.cases(a, bins):
+        sweep = case.name == "sweep"
+        sides = pk.SWEEP_SIDES if sweep else pk.PACKED_SIDES
+        pools = {}
+        for label, shape in case.pools:
+            pool = (pk.sweep_pool(case.data_bin, B, T, shape, a.pool) if sweep else
+                    draw_pool(pk.side_args(a, case, "fairseq", shape), a.pool))
+            pools[label] = (os.path.join(tmp.name, f"{label}.pt"), pool)
+            torch.save(pool, pools[label][0])
+
+        def spec_for(side, r, case=case, sweep=sweep):
+            lo, hi = parts[r]
+            last = r == a.rounds - 1
+            return {"args": pk.side_args(a, case, side),
+                    "pools": [{"label": lb, "path": pools[lb][0]} for lb, _ in case.pools],
+                    "warmup": a.warmup, "steps": hi - lo, "first_step": lo, "threads": a.threads,
+                    "ops_steps": a.ops_steps if last and not sweep else 0, "ops_top": pk.OPS_KEPT,
+                    "saved_bytes": last and not sweep and side in ("ls_packed", "ls_padded")}
+
+        print(f"[{case.name}] {case.layers} layers per stack; sides {', '.join(sides)}", flush=True)
+        runs = timed_rounds(a, sides, spec_for, a.rounds, a.threads)
+        row = {"layers": case.layers, "model": runs[sides[0]][0]["model"],
+               "num_params": {s: runs[s][0]["num_params"] for s in sides},
+               "args": {s: pk.side_args(a, case, s) for s in sides}, "pools": {}}
+        for label, _ in case.pools:
+            pool = pools[label][1]
+            entry = {"padding": pk.padding(pool, target=case.family == "translation"),
+                     "batches": [list(b["net_input"]["src_tokens"].shape) for b in pool],
+                     **summarize(sides, runs, pool, a.steps, label, ref="ls_packed")}
+            padded = entry["sides"]["ls_padded"]
+            entry["packed_over_padded"] = {"sum": padded["ls_speedup_sum"], "per_step": padded["ls_speedup_per_step"],
+                                           "ideal": entry["padding"]["ideal"], "target": pk.TARGETS.get(label)}
+            if not sweep:
+                saved = {s: entry["sides"][s].pop("saved_bytes") for s in ("ls_packed", "ls_padded")}
+                entry["saved_bytes"] = {**saved, "packed_over_padded": saved["ls_packed"]["bytes"] /
+                                        saved["ls_padded"]["bytes"]}
+            row["pools"][label] = entry
+        if sweep:
+            row["break_even"] = pk.break_even([(e["padding"]["all"], e["packed_over_padded"]["sum"])
+                                               for e in row["pools"].values()])
+        out["cases"][case.name] = row
+        print_packed_case(a, case.name, row, sides)
+    print_packed_table(out)
+    return out
+
+
+def print_packed_case(a, name: str, row: dict, sides) -> None:
+    """One case's per-side lines, then each pool's op table (torch.profiler, self CPU ms per step)."""
+    from scripts.bench_support.packed import op_table
+
+    print(f"{'pool':>17} {'side':<14}{'tok/s':>9}{'med ms':>9}{'packed speed-up [IQR]':>24}", flush=True)
+    for label, e in row["pools"].items():
+        for s in sides:
+            r = e["sides"][s]
+            sp = r.get("ls_speedup_per_step")
+            per_step = (f"{r['ls_speedup_sum']:.2f}x {sp['median']:.2f} [{sp['q1']:.2f}, {sp['q3']:.2f}]"
+                        if sp else "")
+            print(f"{label:>17} {s:<14}{r['tgt_tokens_per_s']:>9.0f}{r['median_ms']:>9.1f}{per_step:>24}", flush=True)
+        ops = {s: e["sides"][s].get("ops") for s in sides}
+        if any(ops.values()):
+            print(f"-- {label}: self CPU ms per step by op (torch.profiler, {a.ops_steps} steps; total "
+                  + ", ".join(f"{s} {o['self_cpu_ms_per_step']:.0f}" for s, o in ops.items() if o) + ")", flush=True)
+            print(f"   {'op':<52}" + "".join(f"{s:>14}" for s in sides), flush=True)
+            for n, v in op_table(ops, sides, a.ops_top):
+                print(f"   {n[:52]:<52}" + "".join(f"{fmt(v[s], '.1f', '-'):>14}" for s in sides), flush=True)
+
+
+def print_packed_table(res: dict) -> None:
+    """The summary: per pool, padding, tokens/s of each side, packed / padded against its ideal and
+    target, median ms per step (on the CPU, all of it host time), saved bytes packed vs padded."""
+    from scripts.bench_support.packed import PACKED_SIDES
+
+    print(f"{'pool':>17}{'pad src':>8}{'tgt':>6}{'all':>6}  " + "".join(f"{s + ' tok/s':>20}" for s in PACKED_SIDES)
+          + f"{'packed/padded [IQR]':>24}{'ideal':>7}{'target':>8}{'ms packed':>10}{'padded':>8}"
+          f"{'saved MiB packed':>17}{'padded':>8}{'ratio':>7}", flush=True)
+    for name, row in res["cases"].items():
+        for label, e in row["pools"].items():
+            p, q = e["padding"], e["packed_over_padded"]
+            sp = q["per_step"]
+            tgt = q["target"]
+            met = "" if tgt is None else f"{tgt:.2f}{'+' if q['sum'] >= tgt else '-'}"
+            toks = "".join(f"{fmt(e['sides'][s]['tgt_tokens_per_s'] if s in e['sides'] else None, '.0f', '-'):>20}"
+                           for s in PACKED_SIDES)
+            sb = e.get("saved_bytes")
+            saved = (f"{sb['ls_packed']['bytes'] / 2**20:>17.1f}{sb['ls_padded']['bytes'] / 2**20:>8.1f}"
+                     f"{sb['packed_over_padded']:>7.2f}" if sb else "")
+            print(f"{label:>17}{p['src']:>8.3f}{fmt(p['tgt'], '.3f', '-'):>6}{p['all']:>6.3f}  {toks}"
+                  f"{q['sum']:>8.2f}x {sp['median']:.2f} [{sp['q1']:.2f}, {sp['q3']:.2f}]{q['ideal']:>7.2f}{met:>8}"
+                  f"{e['sides']['ls_packed']['median_ms']:>10.0f}{e['sides']['ls_padded']['median_ms']:>8.0f}{saved}",
+                  flush=True)
+        if "break_even" in row:
+            print(f"sweep ({'x'.join(map(str, res['sweep_batch']))} batches): {row['break_even']['note']}", flush=True)
+    print("target column: the packed/padded target, + met, - not met", flush=True)
+
+
 def machine(load_before) -> dict:
     """What ran the benchmark: CPU model and count, load averages, versions."""
     import platform
@@ -433,9 +579,10 @@ def machine(load_before) -> dict:
             "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None}
 
 
-def finish(res: dict, t0: float, load_before, argv, json_path) -> None:
+def finish(res: dict, t0: float, load_before, argv, json_path, more_paths=()) -> None:
     """Adds the wall time, the machine and argv to res, prints the closing line, writes res to json_path
-    with the measured tree's commit and without the machine's paths (bench_support/provenance.py)."""
+    with the measured tree's commit and without the machine's paths (bench_support/provenance.py;
+    more_paths: further (directory, placeholder) pairs to scrub)."""
     from scripts.bench_support.provenance import record
 
     res["wall_s"] = time.perf_counter() - t0
@@ -447,7 +594,7 @@ def finish(res: dict, t0: float, load_before, argv, json_path) -> None:
           f"{', '.join(f'{x:.1f}' for x in m['loadavg_after'])}", flush=True)
     if json_path:
         with open(json_path, "w") as f:
-            json.dump(record(res, res.get("repo") or ROOT), f, indent=1)
+            json.dump(record(res, res.get("repo") or ROOT, more_paths), f, indent=1)
 
 
 def parse_args(argv=None):
@@ -461,6 +608,17 @@ def parse_args(argv=None):
                    help="the model family (bench_support/families.py; default: %(default)s)")
     p.add_argument("--host-overhead", action="store_true", help="the host-time mode (see below)")
     p.add_argument("--activation-bytes", action="store_true", help="the saved-bytes mode (see below)")
+    p.add_argument("--packed", action="store_true", help="the packed-rows mode on Multi30k (see below)")
+    p.add_argument("--multi30k", default=os.path.join(ROOT, "..", "shared", "data", "multi30k"),
+                   help="--packed: the Multi30k En-De folder (train.en.gz, train.de.gz) (default: "
+                        "../shared/data/multi30k from the repository root)")
+    p.add_argument("--cases", type=strs, help="--packed: comma list of translation,sentence,lm,sweep (default: all)")
+    p.add_argument("--tiny", action="store_true", help="--packed: every model at d=32, FFN 64, 2 heads (for tests)")
+    p.add_argument("--sweep-batch", default="128x32", help="--packed sweep: B x T of the synthetic batches "
+                   "(default: %(default)s)")
+    p.add_argument("--sweep-pads", type=lambda s: [float(x) for x in s.split(",")],
+                   default=[0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6],
+                   help="--packed sweep: padding shares of the B x T positions (default: 0,0.1,...,0.6)")
     p.add_argument("--repo", default=ROOT, help="the checkout whose fairseq_lightseq is benchmarked "
                    "(default: the one holding this script)")
     p.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda if available, else cpu")
@@ -488,7 +646,7 @@ def parse_args(argv=None):
                    "--activation-bytes 512,2048; roberta: 512, --host-overhead 128)")
     p.add_argument("--sweep", action="store_true", help="CUDA: --max-tokens 4096,8192,16384,32768 "
                    "(lm, roberta: 8192,16384,32768)")
-    p.add_argument("--pool", type=int, default=100, help="batches per pool (default: %(default)s)")
+    p.add_argument("--pool", type=int, help="batches per pool (default: 100; --packed: --steps)")
     p.add_argument("--warmup", type=int, help="untimed steps over the pool per process (default: 50 on CUDA, "
                    "5 on CPU, 20 for --host-overhead)")
     p.add_argument("--steps", type=int, help="timed steps per side (default: 100; --host-overhead 150)")
@@ -526,8 +684,11 @@ def parse_args(argv=None):
     if a.device is None:
         import torch
         a.device = "cuda" if torch.cuda.is_available() else "cpu"
+    if a.packed:
+        return packed_args(p, a)
     cpu = a.device == "cpu"
     host = a.host_overhead
+    a.pool = a.pool or 100
     a.fam = fam = FAMILIES[a.family]
     d = fam.defaults["host" if host else "act" if a.activation_bytes else a.device]
     if a.arch_size is None or host:  # --host-overhead: always the family's deep arch, at the tiny width
@@ -570,6 +731,46 @@ def parse_args(argv=None):
     return a
 
 
+def packed_args(p, a):
+    """--packed's defaults and checks."""
+    from scripts.bench_support.multi30k import check_dir
+    from scripts.bench_support.packed import CASES
+
+    a.multi30k = os.path.abspath(a.multi30k)
+    try:
+        check_dir(a.multi30k)
+    except ValueError as e:
+        p.error(str(e))
+    a.cases = a.cases or list(CASES)
+    if [c for c in a.cases if c not in CASES]:
+        p.error(f"--cases {','.join(a.cases)}: a comma list of {','.join(CASES)}")
+    try:
+        a.sweep_batch = [int(x) for x in a.sweep_batch.lower().split("x")]
+        assert len(a.sweep_batch) == 2 and min(a.sweep_batch) >= 2
+    except (ValueError, AssertionError):
+        p.error(f"--sweep-batch {a.sweep_batch}: B x T, two integers >= 2 (e.g. 128x32)")
+    if [x for x in a.sweep_pads if not 0 <= x <= 0.9]:
+        p.error(f"--sweep-pads {','.join(map(str, a.sweep_pads))}: shares in [0, 0.9]")
+    if a.device == "cuda" and not a.check_args:
+        import torch
+        if not torch.cuda.is_available():
+            p.error("--device cuda: no CUDA device")
+    a.max_tokens = a.max_tokens or [4096, 16384]
+    a.threads = a.threads or 1
+    a.steps = a.steps or 16
+    a.warmup = a.warmup if a.warmup is not None else 2
+    a.rounds = a.rounds or 2
+    a.pool = a.pool or a.steps
+    a.ops_steps = a.ops_steps if a.ops_steps is not None else 2
+    for name, val, lo in (("--pool", a.pool, 1), ("--steps", a.steps, 1), ("--rounds", a.rounds, 1),
+                          ("--warmup", a.warmup, 0), ("--layers", a.layers or 1, 1)):
+        if val < lo:
+            p.error(f"{name} {val}: must be >= {lo}")
+    if a.rounds > a.steps:
+        p.error(f"--rounds {a.rounds}: at most --steps ({a.steps}), each round times at least one step")
+    return a
+
+
 def main(argv=None):
     a = parse_args(argv)
     if a._child:
@@ -585,8 +786,9 @@ def main(argv=None):
     warnings.filterwarnings("ignore")  # hydra's deprecation notes on every config
     load_before = os.getloadavg()
     t0 = time.perf_counter()
-    res = host_overhead(a) if a.host_overhead else activation_bytes(a) if a.activation_bytes else throughput(a)
-    finish(res, t0, load_before, argv, a.json)
+    res = (packed(a) if a.packed else host_overhead(a) if a.host_overhead else
+           activation_bytes(a) if a.activation_bytes else throughput(a))
+    finish(res, t0, load_before, argv, a.json, [(a.multi30k, "<multi30k>")] if a.packed else ())
 
 if __name__ == "__main__":
     main()

@@ -58,7 +58,7 @@ def _lengths(rng, n: int) -> np.ndarray:
     return np.clip(rng.lognormal(np.log(24), 0.5, n), 1, 200)
 
 
-def _cached(cache_dir: str, name: str, make) -> str:
+def cached(cache_dir: str, name: str, make) -> str:
     """cache_dir/name, made by make(tmp_dir) on first use; a half-written one is never reused."""
     d = os.path.join(os.path.abspath(cache_dir), name)
     if os.path.exists(os.path.join(d, "complete")):
@@ -88,7 +88,7 @@ def synthetic_data_bin(cache_dir: str, n_pairs: int, vocab: int = 32000, seed: i
             for lang, lengths in (("src", src), ("tgt", tgt)):
                 _write_split(os.path.join(tmp, f"{split}.src-tgt.{lang}"), lengths, cum, rng)
 
-    return _cached(cache_dir, f"wmtlike-{n_pairs}pairs-{vocab}vocab-seed{seed}", make)
+    return cached(cache_dir, f"wmtlike-{n_pairs}pairs-{vocab}vocab-seed{seed}", make)
 
 
 def synthetic_lm_data_bin(cache_dir: str, n_lines: int, vocab: int = 50264, seed: int = 0) -> str:
@@ -120,12 +120,13 @@ def synthetic_lm_data_bin(cache_dir: str, n_lines: int, vocab: int = 50264, seed
         for split in ("train", "valid"):
             os.remove(os.path.join(tmp, f"{split}.txt"))
 
-    return _cached(cache_dir, f"lm-{n_lines}lines-{vocab}vocab-seed{seed}", make)
+    return cached(cache_dir, f"lm-{n_lines}lines-{vocab}vocab-seed{seed}", make)
 
 
 def draw_pool(args_list, n: int):
-    """The first n batches of fairseq's own training loader (task.get_batch_iterator, shuffled with
-    --seed, epoch 1) for these fairseq-train arguments, as CPU tensors; cycled if the split has fewer."""
+    """The first n batches of fairseq's own training loader (task.get_batch_iterator with --max-tokens and
+    --batch-size, shuffled with --seed, epoch 1) for these fairseq-train arguments, as CPU tensors; cycled
+    if the split has fewer."""
     from fairseq import options, tasks, utils
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 
@@ -136,6 +137,7 @@ def draw_pool(args_list, n: int):
     task.load_dataset(cfg.dataset.train_subset, combine=False, epoch=1)
     itr = task.get_batch_iterator(
         dataset=task.dataset(cfg.dataset.train_subset), max_tokens=cfg.dataset.max_tokens,
+        max_sentences=cfg.dataset.batch_size,
         max_positions=task.max_positions(), ignore_invalid_inputs=True,
         required_batch_size_multiple=cfg.dataset.required_batch_size_multiple,
         seed=cfg.common.seed, num_workers=0, epoch=1).next_epoch_itr(shuffle=True)

@@ -22,11 +22,12 @@ def commit(repo: str) -> dict:
     return {"commit": head, "dirty": None if status is None else bool(status)}
 
 
-def scrub_paths(obj, repo: str):
-    """`obj` (JSON data) with the machine's directories in its strings replaced by placeholders."""
+def scrub_paths(obj, repo: str, more=()):
+    """`obj` (JSON data) with the machine's directories in its strings replaced by placeholders; `more`:
+    further (directory, placeholder) pairs (e.g. a corpus folder given on the command line)."""
     places = sorted({(os.path.realpath(repo), "<repo>"), (os.path.abspath(repo), "<repo>"),
                      (os.path.realpath(tempfile.gettempdir()), "<tmp>"), (tempfile.gettempdir(), "<tmp>"),
-                     (os.path.expanduser("~"), "<home>")}, key=lambda p: -len(p[0]))
+                     (os.path.expanduser("~"), "<home>"), *more}, key=lambda p: -len(p[0]))
     places = [(path, name) for path, name in places if path not in ("", "/", "~")]
 
     def scrub(x):
@@ -43,6 +44,7 @@ def scrub_paths(obj, repo: str):
     return scrub(obj)
 
 
-def record(res: dict, repo: str) -> dict:
-    """`res` with the commit of `repo` added and the machine's paths scrubbed: what a benchmark writes."""
-    return scrub_paths({**res, **commit(repo)}, repo)
+def record(res: dict, repo: str, more=()) -> dict:
+    """`res` with the commit of `repo` added and the machine's paths scrubbed (`more`: see scrub_paths):
+    what a benchmark writes."""
+    return scrub_paths({**res, **commit(repo)}, repo, more)

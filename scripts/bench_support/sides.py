@@ -17,25 +17,38 @@ def train_args(family, data_bin: str, repo: str, side: str, arch_size: str, devi
                shape, layers=None, extra=()):
     """fairseq-train arguments for one side of `family` (a bench_support.families.BenchFamily; see the
     module docstring); `shape` is (max_tokens, seq_len) (seq_len None for translation)."""
-    from fairseq_lightseq.models.families import FAMILIES, OPTIMIZERS, PREFIX
+    from fairseq_lightseq.models.families import FAMILIES, PREFIX
 
     from .families import layer_args, shape_args
 
     lib = FAMILIES[family.library]
-    ours, optimizer = SIDES[side]
-    native_adam, ls_adam = OPTIMIZERS[0][0]
+    ours = SIDES[side][0]
     arch = family.archs[arch_size]
     args = [data_bin, "--user-dir", os.path.join(repo, "fairseq_lightseq"), "--task", lib.task,
-            "--arch", PREFIX + arch if ours else arch, *family.task_args,
-            "--optimizer", optimizer or (ls_adam if ours else native_adam), "--adam-betas", "(0.9, 0.98)",
-            "--lr", "5e-4", "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "4000",
+            "--arch", PREFIX + arch if ours else arch, *family.task_args, *optimizer_args(side),
             "--criterion", lib.criterion if ours else lib.native_criterion, *shape_args(family, *shape),
-            "--seed", "1", "--num-workers", "0", "--log-format", "none", *layer_args(family, layers)]
+            *layer_args(family, layers), *run_args(device, precision)]
+    return args + list(extra)
+
+
+def optimizer_args(side: str) -> list:
+    """The optimizer and learning-rate arguments of `side` (SIDES), the same for every family and task."""
+    from fairseq_lightseq.models.families import OPTIMIZERS
+
+    ours, optimizer = SIDES[side]
+    native_adam, ls_adam = OPTIMIZERS[0][0]
+    return ["--optimizer", optimizer or (ls_adam if ours else native_adam), "--adam-betas", "(0.9, 0.98)",
+            "--lr", "5e-4", "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "4000"]
+
+
+def run_args(device: str, precision: str) -> list:
+    """Seed, loader, logging, device and precision arguments of every side."""
+    args = ["--seed", "1", "--num-workers", "0", "--log-format", "none"]
     if device == "cpu":
         args.append("--cpu")
     if precision in ("fp16", "bf16"):
         args.append("--" + precision)
-    return args + list(extra)
+    return args
 
 
 def build_trainer(args_list):

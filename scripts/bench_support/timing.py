@@ -14,7 +14,9 @@ after the last step). Untimed extras after the timed steps, each on a pool batch
 - busy (CUDA): a torch.profiler trace of a few steps: the union of kernel/memcpy/memset intervals
   over the window from the first step's start to the last kernel's end;
 - ops (any device): a torch.profiler CPU trace of a few steps, the top ops by self CPU time with
-  their calls per step (for --host-overhead).
+  their calls per step (for --host-overhead);
+- saved bytes (any device): the bytes one training forward on the pool's first batch saves for backward,
+  in a model built afresh from the same arguments (saved_bytes.forward_saved_bytes).
 """
 import json
 import os
@@ -78,12 +80,14 @@ def run_side(spec: dict) -> dict:
     override the counts, e.g. a memory-only pool), warmup, steps, first_step
     (timed step k trains on pool batch (first_step + k) mod pool size), and the
     extras: memory_at (pool labels), syncs (bool), busy_at (a pool label or None), busy_steps,
-    ops_steps (0: none), ops_top, threads. Returns per pool label: times (s per timed step), skipped
-    (updates fairseq skipped, e.g. fp16 overflow, over warm-up + timed), and the extras' results."""
+    ops_steps (0: none), ops_top, saved_bytes (bool), threads. Returns per pool label: times (s per timed
+    step), skipped (updates fairseq skipped, e.g. fp16 overflow, over warm-up + timed), and the extras'
+    results."""
     import torch
 
     from scripts.bench_support.flops import model_shape
     from scripts.bench_support.fused_adamw import register
+    from scripts.bench_support.saved_bytes import forward_saved_bytes
     from scripts.bench_support.sides import build_trainer
 
     if spec.get("threads"):
@@ -139,6 +143,8 @@ def run_side(spec: dict) -> dict:
             res["busy_fraction"] = _busy_steps(step, pool, spec.get("busy_steps", 5))
         if spec.get("ops_steps"):
             res["ops"] = _ops_steps(step, pool, spec["ops_steps"], spec.get("ops_top", 15))
+        if spec.get("saved_bytes"):
+            res["saved_bytes"] = forward_saved_bytes(spec["args"], entry["path"])
         out["pools"][label] = res
     return out
 

@@ -1,6 +1,7 @@
 """scripts/benchmark.py run tiny through its command line, each mode once per model family: throughput
 (sides in turns on pools from fairseq's loader), --host-overhead and --activation-bytes, for translation
-for the LM (--family lm) and for RoBERTa's masked-LM pretraining (--family roberta). The numbers are not judged (tiny models on a shared CPU); what is checked
+for the LM (--family lm) and for RoBERTa's masked-LM pretraining (--family roberta); and --packed on a
+tiny Multi30k-shaped corpus written by the test. The numbers are not judged (tiny models on a shared CPU); what is checked
 is the method: every side trains on the identical step list, the reported ratios are the ones the
 per-step times give, MFU uses the given peak and the family's FLOPs. The benchmark's parent (its
 parser, the pools, the summary) runs in the test process (support.inprocess); its children, one process
@@ -205,3 +206,53 @@ def test_roberta_activation_bytes(tmp_path, lm_cache):
 def test_seq_len_is_refused_for_translation(tmp_path):
     rc, out = benchmark("--seq-len", "512", "--cache-dir", str(tmp_path / "cache"))
     assert rc != 0 and "batches sentences by --max-tokens only" in out
+
+
+def write_multi30k_like(d, n=300):
+    """d/train.en.gz and d/train.de.gz: n raw sentence pairs of 3 to 20 words (capitalised, punctuation
+    attached to the words as in Multi30k), the shape of the real corpus, made here."""
+    import gzip
+    import random
+
+    rng = random.Random(0)
+    words = "a man woman dog child runs sits in on the park street red blue young".split()
+    d.mkdir(parents=True, exist_ok=True)
+    with gzip.open(d / "train.en.gz", "wt") as en, gzip.open(d / "train.de.gz", "wt") as de:
+        for _ in range(n):
+            k = rng.randint(3, 20)
+            en.write(" ".join(rng.choices(words, k=k)).capitalize() + ".\n")
+            de.write(" ".join(rng.choices(words, k=max(2, k + rng.randint(-2, 2)))).capitalize() + ".\n")
+    return d
+
+
+def test_packed_mode_times_packed_padded_and_fairseq_on_real_batches(tmp_path):
+    corpus = write_multi30k_like(tmp_path / "multi30k")
+    res, log = bench(tmp_path, "packed", "--packed", "--multi30k", str(corpus), "--tiny", "--cases", "sentence,sweep",
+                     "--pool", "2", "--warmup", "1", "--steps", "2", "--rounds", "1", "--ops-steps", "1",
+                     "--sweep-batch", "8x16", "--sweep-pads", "0,0.4", cache=tmp_path / "cache")
+    assert res["mode"] == "packed" and len(res["commit"]) == 40 and res["threads"] == 1
+    assert "<multi30k>" in res["argv"] and str(corpus) not in json.dumps(res)  # the corpus folder scrubbed
+    row = res["cases"]["sentence"]["pools"]["sentence"]
+    assert set(row["sides"]) == {"ls_packed", "ls_padded", "fairseq", "fairseq_fused"}
+    assert len({s["target_checksum"] for s in row["sides"].values()}) == 1
+    assert [b[0] for b in row["batches"]] == [32, 32]  # fairseq's loader at --batch-size 32
+    p = row["padding"]
+    assert 0 < p["all"] == p["src"] < 1 and p["tgt"] is None and p["ideal"] == pytest.approx(1 / (1 - p["all"]))
+    packed_ms, padded_ms = row["sides"]["ls_packed"]["step_ms"], row["sides"]["ls_padded"]["step_ms"]
+    q = row["packed_over_padded"]
+    assert q["sum"] == pytest.approx(sum(padded_ms) / sum(packed_ms)) and q["target"] == 1.5
+    assert q["per_step"]["median"] == pytest.approx(statistics.median(b / a for a, b in zip(packed_ms, padded_ms)))
+    sb = row["saved_bytes"]
+    assert sb["packed_over_padded"] == pytest.approx(sb["ls_packed"]["bytes"] / sb["ls_padded"]["bytes"])
+    for s in row["sides"].values():
+        assert s["ops"]["top"] and s["median_ms"] > 0
+    sweep = res["cases"]["sweep"]
+    assert set(sweep["pools"]) == {"pad0.00", "pad0.40"} and "saved_bytes" not in sweep["pools"]["pad0.00"]
+    assert sweep["pools"]["pad0.00"]["padding"]["all"] == 0 and sweep["pools"]["pad0.00"]["batches"] == [[8, 16]] * 2
+    assert 0.3 < sweep["pools"]["pad0.40"]["padding"]["all"] < 0.5 and sweep["break_even"]["note"]
+    assert "packed/padded [IQR]" in log and "sweep (8x16 batches)" in log
+
+
+def test_packed_mode_names_a_missing_corpus(tmp_path):
+    rc, out = benchmark("--packed", "--multi30k", str(tmp_path / "none"))
+    assert rc != 0 and "--multi30k" in out and "train.en.gz" in out
