@@ -103,8 +103,8 @@ class LSRobertaModel(LSModelMixin, RobertaModel):
         batch's real tokens as packed rows where the caller reads only real rows: a classification head
         reads each sentence's position-0 row (fairseq's RobertaClassificationHead reads features[:, 0]
         only), the LM head the masked tokens' rows, and packed_rows (an ls criterion) returns the rows [N, E]
-        with their Packing in the extra output. Everything else, return_all_hiddens and other head classes
-        run padded."""
+        with their Packing in the extra output. Everything else, return_all_hiddens, other head classes and a
+        head over a batch whose rows do not all start at position 0 run padded."""
         head = self.classification_heads[classification_head_name] if classification_head_name is not None else None
         masked_tokens = kwargs.get("masked_tokens")
         masked_logits = masked_tokens is not None and not features_only
@@ -112,6 +112,8 @@ class LSRobertaModel(LSModelMixin, RobertaModel):
         if not return_all_hiddens and (head is None or type(head) is fs.RobertaClassificationHead):
             padding_mask = src_tokens.eq(self.encoder.sentence_encoder.padding_idx)
             packs = common.packings(self, (padding_mask,), packed_rows or head is not None or masked_logits)
+        if packs is not None and head is not None and packs[0].first_rows() is None:
+            packs = None  # a left-padded row: position 0 is padding, which the head reads in the padded run
         if packs is None:
             return super().forward(src_tokens, features_only, return_all_hiddens, classification_head_name, **kwargs)
         pack = packs[0]

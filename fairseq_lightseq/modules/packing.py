@@ -52,13 +52,11 @@ class Packing(NamedTuple):
         """[B, T, ...] -> the real positions' [N, ...], packed order."""
         return t.reshape(self.B * self.T, *t.shape[2:]).index_select(0, self.index)
 
-    def first_rows(self) -> Tensor:
-        """int64 [B]: the packed row of each sentence's position 0 (its first token on the right-padded
-        side). ValueError if a sentence does not start at position 0 (left padding, or no token)."""
-        bad = [b for b, (s, n) in enumerate(zip(self.first, self.lengths)) if s != 0 or n == 0]
-        if bad:
-            raise ValueError(f"--ls-packed: sentence {bad[0]} of the batch has no token at position 0 (left padding "
-                             "or an empty row), which a head reading position 0 needs; use --ls-packed False")
+    def first_rows(self) -> Optional[Tensor]:
+        """int64 [B]: the packed row of each sentence's position 0, or None when a sentence does not start
+        there (left padding, or an empty row), where a head reading position 0 needs the padded rows."""
+        if any(s != 0 or n == 0 for s, n in zip(self.first, self.lengths)):
+            return None
         return self.cu_seqlens[:-1].long()
 
 

@@ -199,6 +199,21 @@ def test_sentence_prediction_packed_equals_padded():
     _assert_same(model, criterion, sample)
 
 
+def test_left_padded_classification_runs_padded():
+    """A classification head reads position 0, padding in a left-padded row: the padded path runs."""
+    from fairseq.criterions.sentence_prediction import SentencePredictionConfig, SentencePredictionCriterion
+    from support.roberta import mlm_sample
+
+    task, model = _roberta()
+    sample = mlm_sample(task, B=4, T=9, mask_every=0)
+    tokens = sample["net_input"]["src_tokens"]
+    sample["net_input"]["src_tokens"] = torch.stack([r.roll(int(r.eq(1).sum())) for r in tokens])  # left padded
+    sample["target"] = torch.tensor([[0], [2], [1], [2]])
+    task.label_dictionary = None
+    criterion = SentencePredictionCriterion(SentencePredictionConfig(classification_head_name="cls"), task)
+    _assert_same(model, criterion, sample, packs=False)
+
+
 def test_packing_layout():
     """Packing of a left- and right-padded mask: rows in sentence order, positions in order; the time-major
     rows and dropout coordinates of the padded problem; an empty row; a row with a gap is refused."""
@@ -215,8 +230,8 @@ def test_packing_layout():
     assert (c.Tq, c.Tk) == (4, 4) and c.starts.tolist() == [[2, 2], [0, 0], [0, 0]]
     with pytest.raises(ValueError, match="row 0 .*padding between"):
         packing.pack(torch.tensor([[False, True, False]]))
-    with pytest.raises(ValueError, match="sentence 0 .*position 0"):
-        p.first_rows()
+    assert p.first_rows() is None  # row 0 starts at position 2, row 2 is empty
+    assert packing.pack(mask[1:2]).first_rows().tolist() == [0]
 
 
 @pytest.mark.cuda
