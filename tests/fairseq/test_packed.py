@@ -37,7 +37,8 @@ BATCHES = {
 
 
 def _step(model, criterion, sample, packed: bool):
-    """(loss, {name: grad}) of one forward + backward, ls_packed set to `packed`, the dropout seed fixed."""
+    """(loss, {name: grad}, logging output) of one forward + backward, ls_packed set to `packed`, the dropout
+    seed fixed."""
     model.ls_packed = packed
     model.zero_grad()
     torch.manual_seed(1234)
@@ -58,9 +59,9 @@ def _assert_same(model, criterion, sample, packs=True):
         loss1, g1, log1 = _step(model, criterion, sample, True)
     finally:
         LSMultiheadAttention.forward_packed = original
-    padded = packs and any(t.eq(1).any() for k, t in sample["net_input"].items() if k.endswith("tokens"))
-    assert bool(calls) == padded
-    if not padded:
+    ran_packed = packs and any(t.eq(1).any() for k, t in sample["net_input"].items() if k.endswith("tokens"))
+    assert bool(calls) == ran_packed
+    if not ran_packed:
         assert torch.equal(loss1, loss0) and all(torch.equal(g1[n], g) for n, g in g0.items())
     torch.testing.assert_close(loss1, loss0, rtol=RTOL, atol=0)
     assert g1.keys() == g0.keys() and g0
