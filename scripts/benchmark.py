@@ -67,8 +67,8 @@ and roberta_large (24 layers) widths.
 
 --packed: the ls_ models with --ls-packed True (ls_packed: the layers compute the batch's real tokens only)
 against the same models with --ls-packed False (ls_padded), fairseq and fairseq_fused, on real batches:
-Multi30k En-De's training text (--multi30k DIR: train.en.gz, train.de.gz; default ../shared/data/multi30k
-from the repository root), split into words and punctuation and binarized once by fairseq-preprocess into
+Multi30k En-De's training text (--multi30k DIR, required: the folder holding train.en.gz and train.de.gz),
+split into words and punctuation and binarized once by fairseq-preprocess into
 --cache-dir (bench_support/multi30k.py). --family is not used; the cases are (--cases, default all;
 bench_support/packed.py): translation = ls_transformer 3+3 layers, d 256, FFN 1024, 4 heads, a joined
 dictionary of 10k tokens, one pool per --max-tokens (default 4096,16384); sentence = fairseq's
@@ -609,9 +609,7 @@ def parse_args(argv=None):
     p.add_argument("--host-overhead", action="store_true", help="the host-time mode (see below)")
     p.add_argument("--activation-bytes", action="store_true", help="the saved-bytes mode (see below)")
     p.add_argument("--packed", action="store_true", help="the packed-rows mode on Multi30k (see below)")
-    p.add_argument("--multi30k", default=os.path.join(ROOT, "..", "shared", "data", "multi30k"),
-                   help="--packed: the Multi30k En-De folder (train.en.gz, train.de.gz) (default: "
-                        "../shared/data/multi30k from the repository root)")
+    p.add_argument("--multi30k", help="--packed (required): the Multi30k En-De folder (train.en.gz, train.de.gz)")
     p.add_argument("--cases", type=strs, help="--packed: comma list of translation,sentence,lm,sweep (default: all)")
     p.add_argument("--tiny", action="store_true", help="--packed: every model at d=32, FFN 64, 2 heads (for tests)")
     p.add_argument("--sweep-batch", default="128x32", help="--packed sweep: B x T of the synthetic batches "
@@ -736,6 +734,8 @@ def packed_args(p, a):
     from scripts.bench_support.multi30k import check_dir
     from scripts.bench_support.packed import CASES
 
+    if not a.multi30k:
+        p.error("--packed needs --multi30k DIR: the Multi30k En-De training text (train.en.gz, train.de.gz)")
     a.multi30k = os.path.abspath(a.multi30k)
     try:
         check_dir(a.multi30k)
