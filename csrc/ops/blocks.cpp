@@ -39,29 +39,32 @@ Tensor3 ln_bwd(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor&
   FLS_OP(h, "layer_norm_bwd", Tensor3(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&));
   return h.call(dy, x, w, mean, rstd);
 }
-// The token-wise dropout ops over the block's own flat index: no row map (std::nullopt).
-Tensor bdr_fwd(const Tensor& x, const Tensor& bias, const Tensor& res, double p, int64_t seed, int64_t off) {
+// The token-wise dropout ops: over the block's own flat index (rows undefined: std::nullopt), or with the
+// row map of packed rows (rows[r]: the padded row whose mask packed row r draws; ops/dropout_stream.py).
+Tensor bdr_fwd(const Tensor& x, const Tensor& bias, const Tensor& res, double p, int64_t seed, int64_t off,
+               const std::optional<Tensor>& rows) {
   FLS_OP(h, "bias_dropout_residual_fwd",
          Tensor(const Tensor&, const Tensor&, const Tensor&, double, int64_t, int64_t, const std::optional<Tensor>&));
-  return h.call(x, bias, res, p, seed, off, std::nullopt);
+  return h.call(x, bias, res, p, seed, off, rows);
 }
-Tensor2 bdr_bwd(const Tensor& dy, double p, int64_t seed, int64_t off) {
+Tensor2 bdr_bwd(const Tensor& dy, double p, int64_t seed, int64_t off, const std::optional<Tensor>& rows) {
   FLS_OP(h, "bias_dropout_residual_bwd",
          Tensor2(const Tensor&, double, int64_t, int64_t, const std::optional<Tensor>&));
-  return h.call(dy, p, seed, off, std::nullopt);
+  return h.call(dy, p, seed, off, rows);
 }
-Tensor bad_fwd(const Tensor& x, const Tensor& bias, double p, c10::string_view act, int64_t seed, int64_t off) {
+Tensor bad_fwd(const Tensor& x, const Tensor& bias, double p, c10::string_view act, int64_t seed, int64_t off,
+               const std::optional<Tensor>& rows) {
   FLS_OP(h, "bias_act_dropout_fwd",
          Tensor(const Tensor&, const Tensor&, double, c10::string_view, int64_t, int64_t,
                 const std::optional<Tensor>&));
-  return h.call(x, bias, p, act, seed, off, std::nullopt);
+  return h.call(x, bias, p, act, seed, off, rows);
 }
 Tensor2 bad_bwd(const Tensor& dy, const Tensor& x, const Tensor& bias, double p, c10::string_view act, int64_t seed,
-                int64_t off) {
+                int64_t off, const std::optional<Tensor>& rows) {
   FLS_OP(h, "bias_act_dropout_bwd",
          Tensor2(const Tensor&, const Tensor&, const Tensor&, double, c10::string_view, int64_t, int64_t,
                  const std::optional<Tensor>&));
-  return h.call(dy, x, bias, p, act, seed, off, std::nullopt);
+  return h.call(dy, x, bias, p, act, seed, off, rows);
 }
 Tensor2 softmax_fwd(const Tensor& scores, const std::optional<Tensor>& kpm, bool causal, double scale, double p,
                     int64_t seed, int64_t off) {
@@ -114,10 +117,11 @@ Tensor norm_start(const Tensor& x, const Tensor& w, const Tensor& b, bool pre_ln
 
 // The residual end: s = x + dropout(out + bias); y = s (pre-LN) or LN(s) (post-LN: s kept for backward,
 // mean/rstd replaced by its statistics). Returns y; `saved_s` is s for post-LN, undefined for pre-LN.
+// rows: the dropout's row map over packed rows (std::nullopt: the flat index).
 Tensor norm_end(const Tensor& out, const Tensor& bias, const Tensor& x, double p, int64_t seed, int64_t off,
                 const Tensor& w, const Tensor& b, bool pre_ln, double eps, Tensor& saved_s, Tensor& mean,
-                Tensor& rstd) {
-  Tensor s = bdr_fwd(out, bias, x, p, seed, off);
+                Tensor& rstd, const std::optional<Tensor>& rows = std::nullopt) {
+  Tensor s = bdr_fwd(out, bias, x, p, seed, off, rows);
   if (pre_ln) return s;
   Tensor y;
   std::tie(y, mean, rstd) = ln_fwd(s, w, b, eps);
@@ -260,7 +264,7 @@ attention_block_bwd(const Tensor& dy, const Tensor& x, const std::optional<Tenso
   } else {
     std::tie(q, k, v) = project_qkv(h2, memory, wq, bq, wk, bk, wv, bv, Tq, B, H);
   }
-  std::tie(dout, dbo) = bdr_bwd(ds, p, seed, offset);
+  std::tie(dout, dbo) = bdr_bwd(ds, p, seed, offset, std::nullopt);
   const Tensor dout2 = dout.view({Tq * B, E});
   // [Tq, B, H, hd] seen as [B*H, Tq, hd]
   const Tensor dctx = at::mm(dout2, wo).view({Tq, B, H, hd}).permute({1, 2, 0, 3}).reshape({B * H, Tq, hd});
@@ -281,21 +285,22 @@ attention_block_bwd(const Tensor& dy, const Tensor& x, const std::optional<Tenso
   return {dx, dmemory, dln_w, dln_b, dwq, dbq, dwk, dbk, dwv, dbv, dwo, dbo};
 }
 
-// See ops/blocks/feed_forward.py. Returns (y, pre (fc1's output, the activation's input), s (undefined
-// for pre-LN), mean, rstd).
+// See ops/blocks/feed_forward.py. x: [..., E] (padded [T, B, E] or packed [N, E]); rows: the dropouts' row
+// map over packed rows, or std::nullopt. Returns (y, pre (fc1's output [M, F], the activation's input), s
+// (undefined for pre-LN), mean, rstd).
 std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> ffn_block_fwd(
     const Tensor& x, const Tensor& ln_weight, const Tensor& ln_bias, const Tensor& w1, const Tensor& b1,
     const Tensor& w2, const Tensor& b2, c10::string_view act, bool normalize_before, double eps, double act_p,
-    int64_t act_seed, int64_t act_offset, double p, int64_t seed, int64_t offset) {
+    int64_t act_seed, int64_t act_offset, double p, int64_t seed, int64_t offset, const std::optional<Tensor>& rows) {
   // These ops run inside an autograd Function: the ATen calls below skip the autograd layers.
   const at::AutoDispatchBelowADInplaceOrView below_autograd;
-  TORCH_CHECK(x.dim() == 3, "ffn_block_fwd: x must be [T, B, E], got ", x.sizes());
-  const int64_t T = x.size(0), B = x.size(1), E = x.size(2);
+  TORCH_CHECK(x.dim() >= 2, "ffn_block_fwd: x must be [T, B, E] or [N, E], got ", x.sizes());
+  const int64_t E = x.size(-1), M = x.numel() / std::max<int64_t>(E, 1);
   Tensor mean, rstd, s;
   const Tensor h = norm_start(x, ln_weight, ln_bias, normalize_before, eps, mean, rstd);
-  const Tensor pre = at::mm(h.reshape({T * B, E}), w1.t());  // [T*B, F]
-  const Tensor out = at::mm(bad_fwd(pre, b1, act_p, act, act_seed, act_offset), w2.t()).view({T, B, E});
-  Tensor y = norm_end(out, b2, x, p, seed, offset, ln_weight, ln_bias, normalize_before, eps, s, mean, rstd);
+  const Tensor pre = at::mm(h.reshape({M, E}), w1.t());  // [M, F]
+  const Tensor out = at::mm(bad_fwd(pre, b1, act_p, act, act_seed, act_offset, rows), w2.t()).view(x.sizes());
+  Tensor y = norm_end(out, b2, x, p, seed, offset, ln_weight, ln_bias, normalize_before, eps, s, mean, rstd, rows);
   return {y, pre, s, mean, rstd};
 }
 
@@ -304,21 +309,131 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> ffn_block_bwd
     const Tensor& dy, const Tensor& x, const Tensor& ln_weight, const Tensor& ln_bias, const Tensor& w1,
     const Tensor& b1, const Tensor& w2, const Tensor& pre, const std::optional<Tensor>& s, const Tensor& mean,
     const Tensor& rstd, c10::string_view act, bool normalize_before, double eps, double act_p, int64_t act_seed,
-    int64_t act_offset, double p, int64_t seed, int64_t offset) {
+    int64_t act_offset, double p, int64_t seed, int64_t offset, const std::optional<Tensor>& rows) {
   // These ops run inside an autograd Function: the ATen calls below skip the autograd layers.
   const at::AutoDispatchBelowADInplaceOrView below_autograd;
-  const int64_t T = x.size(0), B = x.size(1), E = x.size(2);
+  const int64_t E = x.size(-1), M = pre.size(0);
   Tensor ds, dln_w, dln_b, dout, db2, dpre, db1;
   const Tensor h = norm_bwd_start(dy, x, s.has_value() ? *s : Tensor(), ln_weight, ln_bias, mean, rstd,
                                   normalize_before, eps, ds, dln_w, dln_b);
-  std::tie(dout, db2) = bdr_bwd(ds, p, seed, offset);
-  const Tensor dout2 = dout.view({T * B, E});
-  const Tensor dw2 = at::mm(dout2.t(), bad_fwd(pre, b1, act_p, act, act_seed, act_offset));
-  std::tie(dpre, db1) = bad_bwd(at::mm(dout2, w2), pre, b1, act_p, act, act_seed, act_offset);
-  const Tensor dw1 = at::mm(dpre.t(), h.reshape({T * B, E}));
+  std::tie(dout, db2) = bdr_bwd(ds, p, seed, offset, rows);
+  const Tensor dout2 = dout.view({M, E});
+  const Tensor dw2 = at::mm(dout2.t(), bad_fwd(pre, b1, act_p, act, act_seed, act_offset, rows));
+  std::tie(dpre, db1) = bad_bwd(at::mm(dout2, w2), pre, b1, act_p, act, act_seed, act_offset, rows);
+  const Tensor dw1 = at::mm(dpre.t(), h.reshape({M, E}));
   const Tensor dx =
-      norm_bwd_end(ds, at::mm(dpre, w1).view({T, B, E}), x, ln_weight, mean, rstd, normalize_before, dln_w, dln_b);
+      norm_bwd_end(ds, at::mm(dpre, w1).view(x.sizes()), x, ln_weight, mean, rstd, normalize_before, dln_w, dln_b);
   return {dx, dln_w, dln_b, dw1, db1, dw2, db2};
+}
+
+// ---- The attention sublayer over packed rows (--ls-packed) ------------------------------------------------
+// See ops/blocks/varlen_attention.py. x: [Nq, E] packed rows; memory: [Nk, Ek] packed encoder rows (None: self-
+// attention); the attention is varlen_attention_fwd/_bwd over (cu_q, cu_k, max_q, max_k, causal, starts,
+// padded_q, padded_k), its dropout the padded problem's; rows: the residual dropout's row map.
+
+Tensor2 varlen_fwd(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cu_q, const Tensor& cu_k,
+                   int64_t max_q, int64_t max_k, bool causal, double scale, double p, int64_t seed, int64_t off,
+                   const std::optional<Tensor>& starts, int64_t padded_q, int64_t padded_k) {
+  FLS_OP(h, "varlen_attention_fwd",
+         Tensor2(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, int64_t, int64_t, bool,
+                 double, double, int64_t, int64_t, const std::optional<Tensor>&, int64_t, int64_t));
+  return h.call(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, p, seed, off, starts, padded_q, padded_k);
+}
+Tensor3 varlen_bwd(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                   const Tensor& lse, const Tensor& cu_q, const Tensor& cu_k, int64_t max_q, int64_t max_k, bool causal,
+                   double scale, double p, int64_t seed, int64_t off, const std::optional<Tensor>& starts,
+                   int64_t padded_q, int64_t padded_k) {
+  FLS_OP(h, "varlen_attention_bwd",
+         Tensor3(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                 const Tensor&, const Tensor&, int64_t, int64_t, bool, double, double, int64_t, int64_t,
+                 const std::optional<Tensor>&, int64_t, int64_t));
+  return h.call(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, p, seed, off, starts, padded_q,
+                padded_k);
+}
+
+// q [Nq, H, hd] from the normalised rows h2 [Nq, E]; k, v [Nk, H, hd] from memory [Nk, Ek] (encoder-decoder
+// attention) or from h2 (self-attention). One GEMM per projection: each output is contiguous as the
+// attention takes it, with no copy.
+Tensor3 project_packed(const Tensor& h2, const std::optional<Tensor>& memory, const Tensor& wq, const Tensor& bq,
+                       const Tensor& wk, const Tensor& bk, const Tensor& wv, const Tensor& bv, int64_t H) {
+  const int64_t E = wq.size(0);
+  const Tensor& src = memory.has_value() ? *memory : h2;
+  const int64_t Nq = h2.size(0), Nk = src.size(0);
+  return {at::addmm(bq, h2, wq.t()).view({Nq, H, E / H}), at::addmm(bk, src, wk.t()).view({Nk, H, E / H}),
+          at::addmm(bv, src, wv.t()).view({Nk, H, E / H})};
+}
+
+// Returns (y [Nq, E], s (undefined for pre-LN), mean, rstd, out [Nq, H, hd] (the attention's output), lse
+// [Nq, H] (its log-sum-exp), q, k, v).
+std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> varlen_attention_block_fwd(
+    const Tensor& x, const std::optional<Tensor>& memory, const Tensor& cu_q, const Tensor& cu_k,
+    const std::optional<Tensor>& starts, const std::optional<Tensor>& rows, const Tensor& ln_weight,
+    const Tensor& ln_bias, const Tensor& wq, const Tensor& bq, const Tensor& wk, const Tensor& bk, const Tensor& wv,
+    const Tensor& bv, const Tensor& wo, const Tensor& bo, int64_t num_heads, int64_t max_q, int64_t max_k,
+    int64_t padded_q, int64_t padded_k, double scale, bool causal, bool normalize_before, double eps, double attn_p,
+    int64_t attn_seed, int64_t attn_offset, double p, int64_t seed, int64_t offset) {
+  // These ops run inside an autograd Function: the ATen calls below skip the autograd layers.
+  const at::AutoDispatchBelowADInplaceOrView below_autograd;
+  TORCH_CHECK(x.dim() == 2, "varlen_attention_block_fwd: x must be packed rows [N, E], got ", x.sizes());
+  TORCH_CHECK(!memory.has_value() || memory->dim() == 2,
+              "varlen_attention_block_fwd: memory must be packed rows [N, E], got ", memory->sizes());
+  const int64_t Nq = x.size(0), E = x.size(1), H = num_heads;
+  TORCH_CHECK(H > 0 && E % H == 0, "varlen_attention_block_fwd: num_heads = ", H, " must divide E = ", E);
+  Tensor mean, rstd, s, q, k, v, out, lse;
+  const Tensor h2 = norm_start(x, ln_weight, ln_bias, normalize_before, eps, mean, rstd);
+  std::tie(q, k, v) = project_packed(h2, memory, wq, bq, wk, bk, wv, bv, H);
+  std::tie(out, lse) = varlen_fwd(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, attn_p, attn_seed, attn_offset,
+                                  starts, padded_q, padded_k);
+  const Tensor o = at::mm(out.view({Nq, E}), wo.t());
+  Tensor y = norm_end(o, bo, x, p, seed, offset, ln_weight, ln_bias, normalize_before, eps, s, mean, rstd, rows);
+  return {y, s, mean, rstd, out, lse, q, k, v};
+}
+
+// Returns (dx, dmemory (undefined for self-attention), dln_weight, dln_bias, dwq, dbq, dwk, dbk, dwv, dbv, dwo,
+// dbo). out, lse, q, k, v are the forward's, or undefined (recompute): then q, k, v are projected again from
+// the block input and the attention's forward runs again for out and lse (the same dropout mask).
+std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor>
+varlen_attention_block_bwd(const Tensor& dy, const Tensor& x, const std::optional<Tensor>& memory, const Tensor& cu_q,
+                           const Tensor& cu_k, const std::optional<Tensor>& starts, const std::optional<Tensor>& rows,
+                           const Tensor& ln_weight, const Tensor& ln_bias, const Tensor& wq, const Tensor& bq,
+                           const Tensor& wk, const Tensor& bk, const Tensor& wv, const Tensor& bv, const Tensor& wo,
+                           const std::optional<Tensor>& s, const Tensor& mean, const Tensor& rstd,
+                           const std::optional<Tensor>& saved_out, const std::optional<Tensor>& saved_lse,
+                           const std::optional<Tensor>& saved_q, const std::optional<Tensor>& saved_k,
+                           const std::optional<Tensor>& saved_v, int64_t num_heads, int64_t max_q, int64_t max_k,
+                           int64_t padded_q, int64_t padded_k, double scale, bool causal, bool normalize_before,
+                           double eps, double attn_p, int64_t attn_seed, int64_t attn_offset, double p, int64_t seed,
+                           int64_t offset) {
+  // These ops run inside an autograd Function: the ATen calls below skip the autograd layers.
+  const at::AutoDispatchBelowADInplaceOrView below_autograd;
+  const int64_t Nq = x.size(0), E = x.size(1), H = num_heads;
+  Tensor ds, dln_w, dln_b, dout, dbo;
+  const Tensor h2 = norm_bwd_start(dy, x, s.has_value() ? *s : Tensor(), ln_weight, ln_bias, mean, rstd,
+                                   normalize_before, eps, ds, dln_w, dln_b);
+  Tensor q, k, v, out, lse;
+  if (saved_q.has_value() && saved_q->defined()) {
+    q = *saved_q, k = *saved_k, v = *saved_v, out = *saved_out, lse = *saved_lse;
+  } else {
+    std::tie(q, k, v) = project_packed(h2, memory, wq, bq, wk, bk, wv, bv, H);
+    std::tie(out, lse) = varlen_fwd(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, attn_p, attn_seed, attn_offset,
+                                    starts, padded_q, padded_k);
+  }
+  std::tie(dout, dbo) = bdr_bwd(ds, p, seed, offset, rows);
+  const Tensor dwo = at::mm(dout.t(), out.view({Nq, E}));
+  const Tensor dctx = at::mm(dout, wo).view(q.sizes());
+  auto [dq, dk, dv] = varlen_bwd(dctx, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, attn_p, attn_seed,
+                                 attn_offset, starts, padded_q, padded_k);
+  const Tensor dq2 = dq.view({Nq, E}), dk2 = dk.view({dk.size(0), E}), dv2 = dv.view({dv.size(0), E});
+  const Tensor& src = memory.has_value() ? *memory : h2;
+  Tensor dh = at::mm(dq2, wq), dmemory;
+  if (memory.has_value()) {
+    dmemory = at::mm(dk2, wk).addmm_(dv2, wv);
+  } else {
+    dh.addmm_(dk2, wk).addmm_(dv2, wv);
+  }
+  const Tensor dx = norm_bwd_end(ds, dh, x, ln_weight, mean, rstd, normalize_before, dln_w, dln_b);
+  return {dx, dmemory, dln_w, dln_b, at::mm(dq2.t(), h2), dq2.sum(0), at::mm(dk2.t(), src), dk2.sum(0),
+          at::mm(dv2.t(), src), dv2.sum(0), dwo, dbo};
 }
 
 // ---- The autograd nodes ------------------------------------------------------------------------------------
@@ -373,12 +488,12 @@ struct FeedForwardBlockNode : public torch::autograd::Function<FeedForwardBlockN
   static Tensor forward(AutogradContext* ctx, const Tensor& x, const Tensor& ln_weight, const Tensor& ln_bias,
                         const Tensor& w1, const Tensor& b1, const Tensor& w2, const Tensor& b2, c10::string_view act,
                         bool normalize_before, double eps, double act_p, int64_t act_seed, int64_t act_offset,
-                        double p, int64_t seed, int64_t offset) {
+                        double p, int64_t seed, int64_t offset, const std::optional<Tensor>& rows) {
     const at::AutoDispatchBelowADInplaceOrView below_autograd;
     FLS_OP(fwd, "ffn_block_fwd", decltype(ffn_block_fwd));
     auto [y, pre, s, mean, rstd] = fwd.call(x, ln_weight, ln_bias, w1, b1, w2, b2, act, normalize_before, eps,
-                                                 act_p, act_seed, act_offset, p, seed, offset);
-    ctx->save_for_backward({x, ln_weight, ln_bias, w1, b1, w2, pre, s, mean, rstd});
+                                                 act_p, act_seed, act_offset, p, seed, offset, rows);
+    ctx->save_for_backward({x, ln_weight, ln_bias, w1, b1, w2, pre, s, mean, rstd, rows.value_or(Tensor())});
     auto& d = ctx->saved_data;
     d["act"] = std::string(act), d["normalize_before"] = normalize_before, d["eps"] = eps;
     d["act_p"] = act_p, d["act_seed"] = act_seed, d["act_offset"] = act_offset;
@@ -389,16 +504,68 @@ struct FeedForwardBlockNode : public torch::autograd::Function<FeedForwardBlockN
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const variable_list t = ctx->get_saved_variables();
     const auto& d = ctx->saved_data;
-    const std::optional<Tensor> s = t[7].defined() ? std::optional<Tensor>(t[7]) : std::nullopt;
+    const auto opt = [&](size_t i) { return t[i].defined() ? std::optional<Tensor>(t[i]) : std::nullopt; };
     const std::string act = d.at("act").toStringRef();
     const at::AutoDispatchBelowADInplaceOrView below_autograd;
     FLS_OP(bwd, "ffn_block_bwd", decltype(ffn_block_bwd));
     auto [dx, dln_w, dln_b, dw1, db1, dw2, db2] = bwd.call(
-        grads[0].contiguous(), t[0], t[1], t[2], t[3], t[4], t[5], t[6], s, t[8], t[9], act,
+        grads[0].contiguous(), t[0], t[1], t[2], t[3], t[4], t[5], t[6], opt(7), t[8], t[9], act,
         d.at("normalize_before").toBool(), d.at("eps").toDouble(), d.at("act_p").toDouble(), d.at("act_seed").toInt(),
-        d.at("act_offset").toInt(), d.at("p").toDouble(), d.at("seed").toInt(), d.at("offset").toInt());
+        d.at("act_offset").toInt(), d.at("p").toDouble(), d.at("seed").toInt(), d.at("offset").toInt(), opt(10));
     variable_list out = {dx, dln_w, dln_b, dw1, db1, dw2, db2};
-    out.resize(16);  // the 9 scalar arguments
+    out.resize(17);  // the 9 scalar arguments and the row map
+    return out;
+  }
+};
+
+// The packed attention sublayer. Saved: the block input, memory, the norm's statistics (post-LN: its input) and,
+// without recompute, q, k, v, the attention output and its log-sum-exp; with recompute backward projects q, k,
+// v again and reruns the attention's forward (nothing of the attention is kept: less than the padded block,
+// which keeps its [B, H, Tq, Tk] probabilities).
+struct VarlenAttentionBlockNode : public torch::autograd::Function<VarlenAttentionBlockNode> {
+  static Tensor forward(AutogradContext* ctx, const Tensor& x, const std::optional<Tensor>& memory, const Tensor& cu_q,
+                        const Tensor& cu_k, const std::optional<Tensor>& starts, const std::optional<Tensor>& rows,
+                        const Tensor& ln_weight, const Tensor& ln_bias, const Tensor& wq, const Tensor& bq,
+                        const Tensor& wk, const Tensor& bk, const Tensor& wv, const Tensor& bv, const Tensor& wo,
+                        const Tensor& bo, int64_t num_heads, int64_t max_q, int64_t max_k, int64_t padded_q,
+                        int64_t padded_k, double scale, bool causal, bool normalize_before, double eps, double attn_p,
+                        int64_t attn_seed, int64_t attn_offset, double p, int64_t seed, int64_t offset,
+                        bool recompute) {
+    const at::AutoDispatchBelowADInplaceOrView below_autograd;
+    FLS_OP(fwd, "varlen_attention_block_fwd", decltype(varlen_attention_block_fwd));
+    auto [y, s, mean, rstd, out, lse, q, k, v] =
+        fwd.call(x, memory, cu_q, cu_k, starts, rows, ln_weight, ln_bias, wq, bq, wk, bk, wv, bv, wo, bo, num_heads,
+                 max_q, max_k, padded_q, padded_k, scale, causal, normalize_before, eps, attn_p, attn_seed,
+                 attn_offset, p, seed, offset);
+    if (recompute) out = lse = q = k = v = Tensor();  // freed now; backward computes them again
+    ctx->save_for_backward({x, memory.value_or(Tensor()), cu_q, cu_k, starts.value_or(Tensor()),
+                            rows.value_or(Tensor()), ln_weight, ln_bias, wq, bq, wk, bk, wv, bv, wo, s, mean, rstd,
+                            out, lse, q, k, v});
+    auto& d = ctx->saved_data;
+    d["num_heads"] = num_heads, d["max_q"] = max_q, d["max_k"] = max_k, d["padded_q"] = padded_q;
+    d["padded_k"] = padded_k, d["scale"] = scale, d["causal"] = causal, d["normalize_before"] = normalize_before;
+    d["eps"] = eps, d["attn_p"] = attn_p, d["attn_seed"] = attn_seed, d["attn_offset"] = attn_offset;
+    d["p"] = p, d["seed"] = seed, d["offset"] = offset;
+    return y;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const variable_list t = ctx->get_saved_variables();
+    const auto& d = ctx->saved_data;
+    const auto opt = [&](size_t i) { return t[i].defined() ? std::optional<Tensor>(t[i]) : std::nullopt; };
+    const auto i = [&](const char* key) { return d.at(key).toInt(); };
+    const auto f = [&](const char* key) { return d.at(key).toDouble(); };
+    const at::AutoDispatchBelowADInplaceOrView below_autograd;
+    FLS_OP(bwd, "varlen_attention_block_bwd", decltype(varlen_attention_block_bwd));
+    auto [dx, dmemory, dln_w, dln_b, dwq, dbq, dwk, dbk, dwv, dbv, dwo, dbo] = bwd.call(
+        grads[0].contiguous(), t[0], opt(1), t[2], t[3], opt(4), opt(5), t[6], t[7], t[8], t[9], t[10], t[11], t[12],
+        t[13], t[14], opt(15), t[16], t[17], opt(18), opt(19), opt(20), opt(21), opt(22), i("num_heads"), i("max_q"),
+        i("max_k"), i("padded_q"), i("padded_k"), f("scale"), d.at("causal").toBool(),
+        d.at("normalize_before").toBool(), f("eps"), f("attn_p"), i("attn_seed"), i("attn_offset"), f("p"), i("seed"),
+        i("offset"));
+    variable_list out = {dx, dmemory, Tensor(), Tensor(), Tensor(), Tensor(), dln_w, dln_b, dwq, dbq, dwk, dbk, dwv,
+                         dbv, dwo, dbo};
+    out.resize(32);  // the 16 scalar arguments
     return out;
   }
 };
@@ -492,7 +659,8 @@ struct SdpaAttentionBlockNode : public torch::autograd::Function<SdpaAttentionBl
       const at::AutoDispatchBelowADInplaceOrView below_autograd;
       h = norm_bwd_start(grads[0].contiguous(), x, t[11], ln_weight, ln_bias, t[12], t[13], pre_ln,
                          d.at("eps").toDouble(), ds, dln_w, dln_b);
-      std::tie(dout, dbo) = bdr_bwd(ds, d.at("p").toDouble(), d.at("seed").toInt(), d.at("offset").toInt());
+      std::tie(dout, dbo) =
+          bdr_bwd(ds, d.at("p").toDouble(), d.at("seed").toInt(), d.at("offset").toInt(), std::nullopt);
       // [Tq, B, H, hd] as SDPA's [B, H, Tq, hd]
       dctx = at::mm(dout.view({Tq * B, E}), wo).view({Tq, B, H, hd}).permute({1, 2, 0, 3}).contiguous();
     }
@@ -559,6 +727,37 @@ Tensor attention_block(const Tensor& x, const std::optional<Tensor>& memory,
                                    seed, offset, recompute);
 }
 
+Tensor varlen_attention_block(const Tensor& x, const std::optional<Tensor>& memory, const Tensor& cu_q,
+                              const Tensor& cu_k, const std::optional<Tensor>& starts,
+                              const std::optional<Tensor>& rows, const Tensor& ln_weight, const Tensor& ln_bias,
+                              const Tensor& wq, const Tensor& bq, const Tensor& wk, const Tensor& bk,
+                              const Tensor& wv, const Tensor& bv, const Tensor& wo, const Tensor& bo,
+                              int64_t num_heads, int64_t max_q, int64_t max_k, int64_t padded_q, int64_t padded_k,
+                              double scale, bool causal, bool normalize_before, double eps, double attn_p,
+                              int64_t attn_seed, int64_t attn_offset, double p, int64_t seed, int64_t offset,
+                              bool recompute) {
+  return VarlenAttentionBlockNode::apply(x, memory, cu_q, cu_k, starts, rows, ln_weight, ln_bias, wq, bq, wk, bk, wv,
+                                         bv, wo, bo, num_heads, max_q, max_k, padded_q, padded_k, scale, causal,
+                                         normalize_before, eps, attn_p, attn_seed, attn_offset, p, seed, offset,
+                                         recompute);
+}
+
+// Below autograd (inference mode): the forward alone.
+Tensor varlen_attention_block_inference(const Tensor& x, const std::optional<Tensor>& memory, const Tensor& cu_q,
+                              const Tensor& cu_k, const std::optional<Tensor>& starts,
+                              const std::optional<Tensor>& rows, const Tensor& ln_weight, const Tensor& ln_bias,
+                              const Tensor& wq, const Tensor& bq, const Tensor& wk, const Tensor& bk,
+                              const Tensor& wv, const Tensor& bv, const Tensor& wo, const Tensor& bo,
+                              int64_t num_heads, int64_t max_q, int64_t max_k, int64_t padded_q, int64_t padded_k,
+                              double scale, bool causal, bool normalize_before, double eps, double attn_p,
+                              int64_t attn_seed, int64_t attn_offset, double p, int64_t seed, int64_t offset,
+                              bool /*recompute*/) {
+  return std::get<0>(varlen_attention_block_fwd(x, memory, cu_q, cu_k, starts, rows, ln_weight, ln_bias, wq, bq, wk,
+                                                bk, wv, bv, wo, bo, num_heads, max_q, max_k, padded_q, padded_k, scale,
+                                                causal, normalize_before, eps, attn_p, attn_seed, attn_offset, p,
+                                                seed, offset));
+}
+
 // Below autograd (inference mode): the forward alone.
 Tensor attention_block_inference(const Tensor& x, const std::optional<Tensor>& memory,
                                  const std::optional<Tensor>& key_padding_mask, const Tensor& ln_weight,
@@ -574,17 +773,18 @@ Tensor attention_block_inference(const Tensor& x, const std::optional<Tensor>& m
 
 Tensor ffn_block(const Tensor& x, const Tensor& ln_weight, const Tensor& ln_bias, const Tensor& w1, const Tensor& b1,
                  const Tensor& w2, const Tensor& b2, c10::string_view act, bool normalize_before, double eps,
-                 double act_p, int64_t act_seed, int64_t act_offset, double p, int64_t seed, int64_t offset) {
+                 double act_p, int64_t act_seed, int64_t act_offset, double p, int64_t seed, int64_t offset,
+                 const std::optional<Tensor>& rows) {
   return FeedForwardBlockNode::apply(x, ln_weight, ln_bias, w1, b1, w2, b2, act, normalize_before, eps, act_p,
-                                     act_seed, act_offset, p, seed, offset);
+                                     act_seed, act_offset, p, seed, offset, rows);
 }
 
 Tensor ffn_block_inference(const Tensor& x, const Tensor& ln_weight, const Tensor& ln_bias, const Tensor& w1,
                            const Tensor& b1, const Tensor& w2, const Tensor& b2, c10::string_view act,
                            bool normalize_before, double eps, double act_p, int64_t act_seed, int64_t act_offset,
-                           double p, int64_t seed, int64_t offset) {
+                           double p, int64_t seed, int64_t offset, const std::optional<Tensor>& rows) {
   return std::get<0>(ffn_block_fwd(x, ln_weight, ln_bias, w1, b1, w2, b2, act, normalize_before, eps, act_p, act_seed,
-                                   act_offset, p, seed, offset));
+                                   act_offset, p, seed, offset, rows));
 }
 
 }  // namespace
@@ -597,13 +797,34 @@ TORCH_LIBRARY_FRAGMENT(fairseq_lightseq, m) {
       "float p, int seed, int offset, bool recompute) -> Tensor");
   m.def(
       "ffn_block(Tensor x, Tensor ln_weight, Tensor ln_bias, Tensor w1, Tensor b1, Tensor w2, Tensor b2, str act, "
-      "bool normalize_before, float eps, float act_p, int act_seed, int act_offset, float p, int seed, int offset) "
-      "-> Tensor");
+      "bool normalize_before, float eps, float act_p, int act_seed, int act_offset, float p, int seed, int offset, "
+      "Tensor? rows=None) -> Tensor");
   m.def(
       "attention_block_sdpa(Tensor x, Tensor? memory, Tensor? key_padding_mask, Tensor ln_weight, Tensor ln_bias, "
       "Tensor wq, Tensor bq, Tensor wk, Tensor bk, Tensor wv, Tensor bv, Tensor wo, Tensor bo, int num_heads, "
       "float scale, bool causal, bool normalize_before, float eps, float attn_p, float p, int seed, int offset, "
       "bool recompute) -> Tensor");
+  m.def(
+      "varlen_attention_block(Tensor x, Tensor? memory, Tensor cu_seqlens_q, Tensor cu_seqlens_k, Tensor? starts, "
+      "Tensor? rows, Tensor ln_weight, Tensor ln_bias, Tensor wq, Tensor bq, Tensor wk, Tensor bk, Tensor wv, "
+      "Tensor bv, Tensor wo, Tensor bo, int num_heads, int max_seqlen_q, int max_seqlen_k, int padded_q, "
+      "int padded_k, float scale, bool causal, bool normalize_before, float eps, float attn_p, int attn_seed, "
+      "int attn_offset, float p, int seed, int offset, bool recompute) -> Tensor");
+  m.def(
+      "varlen_attention_block_fwd(Tensor x, Tensor? memory, Tensor cu_seqlens_q, Tensor cu_seqlens_k, "
+      "Tensor? starts, Tensor? rows, Tensor ln_weight, Tensor ln_bias, Tensor wq, Tensor bq, Tensor wk, Tensor bk, "
+      "Tensor wv, Tensor bv, Tensor wo, Tensor bo, int num_heads, int max_seqlen_q, int max_seqlen_k, int padded_q, "
+      "int padded_k, float scale, bool causal, bool normalize_before, float eps, float attn_p, int attn_seed, "
+      "int attn_offset, float p, int seed, int offset) -> (Tensor y, Tensor s, Tensor mean, Tensor rstd, "
+      "Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v)");
+  m.def(
+      "varlen_attention_block_bwd(Tensor dy, Tensor x, Tensor? memory, Tensor cu_seqlens_q, Tensor cu_seqlens_k, "
+      "Tensor? starts, Tensor? rows, Tensor ln_weight, Tensor ln_bias, Tensor wq, Tensor bq, Tensor wk, Tensor bk, "
+      "Tensor wv, Tensor bv, Tensor wo, Tensor? s, Tensor mean, Tensor rstd, Tensor? out, Tensor? lse, Tensor? q, "
+      "Tensor? k, Tensor? v, int num_heads, int max_seqlen_q, int max_seqlen_k, int padded_q, int padded_k, "
+      "float scale, bool causal, bool normalize_before, float eps, float attn_p, int attn_seed, int attn_offset, "
+      "float p, int seed, int offset) -> (Tensor dx, Tensor dmemory, Tensor dln_weight, Tensor dln_bias, "
+      "Tensor dwq, Tensor dbq, Tensor dwk, Tensor dbk, Tensor dwv, Tensor dbv, Tensor dwo, Tensor dbo)");
   m.def(
       "attention_block_fwd(Tensor x, Tensor? memory, Tensor? key_padding_mask, Tensor ln_weight, Tensor ln_bias, "
       "Tensor wq, Tensor bq, Tensor wk, Tensor bk, Tensor wv, Tensor bv, Tensor wo, Tensor bo, int num_heads, "
@@ -620,12 +841,12 @@ TORCH_LIBRARY_FRAGMENT(fairseq_lightseq, m) {
   m.def(
       "ffn_block_fwd(Tensor x, Tensor ln_weight, Tensor ln_bias, Tensor w1, Tensor b1, Tensor w2, Tensor b2, "
       "str act, bool normalize_before, float eps, float act_p, int act_seed, int act_offset, float p, int seed, "
-      "int offset) -> (Tensor y, Tensor pre, Tensor s, Tensor mean, Tensor rstd)");
+      "int offset, Tensor? rows=None) -> (Tensor y, Tensor pre, Tensor s, Tensor mean, Tensor rstd)");
   m.def(
       "ffn_block_bwd(Tensor dy, Tensor x, Tensor ln_weight, Tensor ln_bias, Tensor w1, Tensor b1, Tensor w2, "
       "Tensor pre, Tensor? s, Tensor mean, Tensor rstd, str act, bool normalize_before, float eps, float act_p, "
-      "int act_seed, int act_offset, float p, int seed, int offset) -> (Tensor dx, Tensor dln_weight, "
-      "Tensor dln_bias, Tensor dw1, Tensor db1, Tensor dw2, Tensor db2)");
+      "int act_seed, int act_offset, float p, int seed, int offset, Tensor? rows=None) -> (Tensor dx, "
+      "Tensor dln_weight, Tensor dln_bias, Tensor dw1, Tensor db1, Tensor dw2, Tensor db2)");
 }
 
 // Compositions of the library's ops and ATen: one registration for every device those have kernels for.
@@ -634,6 +855,9 @@ TORCH_LIBRARY_IMPL(fairseq_lightseq, CompositeExplicitAutograd, m) {
   m.impl("attention_block_bwd", &attention_block_bwd);
   m.impl("ffn_block_fwd", &ffn_block_fwd);
   m.impl("ffn_block_bwd", &ffn_block_bwd);
+  m.impl("varlen_attention_block_fwd", &varlen_attention_block_fwd);
+  m.impl("varlen_attention_block_bwd", &varlen_attention_block_bwd);
+  m.impl("varlen_attention_block", &varlen_attention_block_inference);
   m.impl("attention_block", &attention_block_inference);
   m.impl("ffn_block", &ffn_block_inference);
   m.impl("attention_block_sdpa", &attention_block_sdpa);  // below autograd: grad mode decides (off: forward only)
@@ -643,6 +867,7 @@ TORCH_LIBRARY_IMPL(fairseq_lightseq, CompositeExplicitAutograd, m) {
 TORCH_LIBRARY_IMPL(fairseq_lightseq, Autograd, m) {
   m.impl("attention_block", &attention_block);
   m.impl("ffn_block", &ffn_block);
+  m.impl("varlen_attention_block", &varlen_attention_block);
   m.impl("attention_block_sdpa", &attention_block_sdpa);
 }
 

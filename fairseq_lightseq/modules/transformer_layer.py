@@ -31,12 +31,14 @@ from fairseq.modules import FairseqDropout
 
 from .. import ops
 from ..ops import dropout_stream
-from ..ops.blocks import AttentionBlockConfig, FeedForwardBlockConfig, attention_block, feed_forward_block
+from ..ops.blocks import (AttentionBlockConfig, FeedForwardBlockConfig, attention_block, feed_forward_block,
+                          packed_attention_block)
 from ..ops.blocks.attention import sdpa_key_padding_mask, sdpa_supported
 from ..ops.reference.dropout import ACTIVATIONS
 from .sharded_attention import sharded_attention
 from ..sequence_parallel.sharding import Shard
 from .multihead_attention import IncrementalState, LSMultiheadAttention, use_sdpa
+from . import packing
 from .packing import Packing
 
 # fairseq --activation-fn -> the ops' activation (one of ACTIVATIONS).
@@ -47,16 +49,17 @@ assert set(FAIRSEQ_ACTIVATIONS.values()) <= set(ACTIVATIONS)
 SITES_PER_LAYER = 8
 
 _BLOCK_OPS = tuple(dict.fromkeys(ops.blocks.attention.OPS + ops.blocks.feed_forward.OPS))
+_PACKED_BLOCK_OPS = tuple(dict.fromkeys(ops.blocks.packed_attention.OPS + ops.blocks.feed_forward.OPS))
 # The dtypes the compiled kernels take, per device type (csrc/ops/utils.h check_float).
 _KERNEL_DTYPES = {"cpu": (torch.float32, torch.float64, torch.bfloat16),
                   "cuda": (torch.float32, torch.float16, torch.bfloat16)}
 
 
 @functools.lru_cache(maxsize=None)
-def _blocks_have_kernels(device_type: str) -> bool:
-    """Whether every op of the blocks has a kernel for this device type (use_kernel warns once
-    otherwise). Cached: asked at every layer call."""
-    return all([ops.use_kernel(op, device_type) for op in _BLOCK_OPS])
+def _blocks_have_kernels(device_type: str, packed: bool = False) -> bool:
+    """Whether every op of the blocks (padded, or packed: the packed attention block and the FFN block) has
+    a kernel for this device type (use_kernel warns once otherwise). Cached: asked at every layer call."""
+    return all([ops.use_kernel(op, device_type) for op in (_PACKED_BLOCK_OPS if packed else _BLOCK_OPS)])
 
 
 def fused_layer_norm(ln: nn.LayerNorm, x: Tensor) -> Tensor:
@@ -110,14 +113,14 @@ class TransformerLayerBase(nn.Module):
             return d
         return shard.token_offset(d, x.shape[1], width or x.shape[2])
 
-    def _use_blocks(self, x: Tensor) -> bool:
-        """The one-node blocks need every op's kernel for x's device and one dtype throughout; under
-        autocast (mixed dtypes) the per-op chain's promotion rules apply."""
+    def _use_blocks(self, x: Tensor, packed: bool = False) -> bool:
+        """The one-node blocks (padded, or over packed rows) need every op's kernel for x's device and one
+        dtype throughout; under autocast (mixed dtypes) the per-op chain's promotion rules apply."""
         device_type = x.device.type
         if ops.autocast_on(x) or x.dtype != self.fc1.weight.dtype or \
                 x.dtype not in _KERNEL_DTYPES.get(device_type, ()):
             return False
-        return _blocks_have_kernels(device_type)
+        return _blocks_have_kernels(device_type, packed)
 
     def _attention_block(self, attn: LSMultiheadAttention, ln: nn.LayerNorm, x: Tensor, memory: Optional[Tensor],
                          key_padding_mask: Optional[Tensor], causal: bool, seed: Optional[int], site: int,
@@ -137,12 +140,15 @@ class TransformerLayerBase(nn.Module):
         return attention_block(x, memory, key_padding_mask, ln.weight, ln.bias, q.weight, q.bias, k.weight, k.bias,
                                v.weight, v.bias, o.weight, o.bias, cfg)
 
-    def _ffn_block(self, x: Tensor, seed: Optional[int], site: int, shard: Optional[Shard] = None) -> Tensor:
+    def _ffn_block(self, x: Tensor, seed: Optional[int], site: int, shard: Optional[Shard] = None,
+                   pack: Optional[Packing] = None) -> Tensor:
+        """The FFN sublayer as one node; x: [T, B, E], or packed rows [N, E] with their Packing."""
         ln = self.final_layer_norm
         cfg = FeedForwardBlockConfig(self.activation,
-                                     self._draw(self.activation_dropout_module.p, seed, site, shard, x, self.fc1.out_features),
-                                     self._draw(self.dropout_module.p, seed, site + 1, shard, x), self.normalize_before,
-                                     ln.eps)
+                                     self._draw(self.activation_dropout_module.p, seed, site, shard, x,
+                                                self.fc1.out_features, pack),
+                                     self._draw(self.dropout_module.p, seed, site + 1, shard, x, pack=pack),
+                                     self.normalize_before, ln.eps)
         return feed_forward_block(x, ln.weight, ln.bias, self.fc1.weight, self.fc1.bias, self.fc2.weight,
                                   self.fc2.bias, cfg)
 
@@ -172,12 +178,23 @@ class TransformerLayerBase(nn.Module):
                           memory_pack: Optional[Packing] = None, causal: bool = False) -> Tensor:
         """The attention sublayer over packed rows: x [Nq, E] (queries, the residual), memory [Nk, E_enc]
         with its Packing for encoder-decoder attention (None: self-attention over x's own rows).
-        Returns [Nq, E]. The dropout masks are the padded sublayer's (packing.coords, Packing.rows)."""
+        Returns [Nq, E]. The dropout masks are the padded sublayer's (packing.coords, Packing.rows).
+        One node (ops.blocks.packed_attention_block) where its kernels serve x, else the per-op chain."""
+        k_pack = memory_pack or pack
+        if self._use_blocks(x, packed=True):
+            cfg = AttentionBlockConfig(
+                attn.num_heads, attn.scaling, causal, self.normalize_before, ln.eps,
+                dropout_stream.draw(attn.dropout_module.p, attn.dropout_active, seed, site),
+                self._draw(self.dropout_module.p, seed, site + 1, pack=pack), recompute=self.recompute_attention)
+            q, k, v, o = attn.q_proj, attn.k_proj, attn.v_proj, attn.out_proj
+            return packed_attention_block(x, memory, pack.cu_seqlens, k_pack.cu_seqlens, pack.max_len, k_pack.max_len,
+                                          packing.coords(pack, k_pack), ln.weight, ln.bias, q.weight, q.bias,
+                                          k.weight, k.bias, v.weight, v.bias, o.weight, o.bias, cfg)
         residual = x
         if self.normalize_before:
             x = fused_layer_norm(ln, x)
         attn_dropout = dropout_stream.draw(attn.dropout_module.p, attn.dropout_active, seed, site)
-        attn_out = attn.forward_packed(x, memory, pack, memory_pack or pack, causal, attn_dropout)
+        attn_out = attn.forward_packed(x, memory, pack, k_pack, causal, attn_dropout)
         x = ops.bias_dropout_residual(attn_out, attn.out_proj.bias, residual,
                                       self._draw(self.dropout_module.p, seed, site + 1, pack=pack))
         if not self.normalize_before:
@@ -199,11 +216,13 @@ class TransformerLayerBase(nn.Module):
             x = fused_layer_norm(self.final_layer_norm, x)
         return x
 
-    def _ffn(self, x: Tensor, seed: Optional[int], site: int, shard: Optional[Shard] = None) -> Tensor:
-        """The FFN sublayer: token-wise, so a shard only moves its dropout offsets."""
-        if self._use_blocks(x):
-            return self._ffn_block(x, seed, site, shard)
-        return self._ffn_chain(x, seed, site, shard)
+    def _ffn(self, x: Tensor, seed: Optional[int], site: int, shard: Optional[Shard] = None,
+             pack: Optional[Packing] = None) -> Tensor:
+        """The FFN sublayer: token-wise, so a shard only moves its dropout offsets, and packed rows draw
+        their padded rows' masks."""
+        if self._use_blocks(x, packed=pack is not None):
+            return self._ffn_block(x, seed, site, shard, pack)
+        return self._ffn_chain(x, seed, site, shard, pack)
 
     def _seed(self, seed: Optional[int]) -> Optional[int]:
         """The forward's seed, or one drawn here when the layer is called on its own with dropout on."""
@@ -244,7 +263,7 @@ class LSTransformerEncoderLayer(TransformerLayerBase):
         seed, k = self._seed(dropout_seed), dropout_site
         if pack is not None:
             x = self._attention_packed(self.self_attn, self.self_attn_layer_norm, x, seed, k, pack)
-            return self._ffn_chain(x, seed, k + 2, pack=pack)
+            return self._ffn(x, seed, k + 2, pack=pack)
         if shard is not None:
             x, _ = self._attention_chain(self.self_attn, self.self_attn_layer_norm, x, seed, k, shard, memory=None,
                                          key_padding_mask=encoder_padding_mask, causal=False, k_total=shard.total)
@@ -316,7 +335,7 @@ class LSTransformerDecoderLayer(TransformerLayerBase):
             if cross:
                 x = self._attention_packed(self.encoder_attn, self.encoder_attn_layer_norm, x, seed, k + 2, pack,
                                            encoder_out, encoder_pack)
-            return self._ffn_chain(x, seed, k + 4, pack=pack), None
+            return self._ffn(x, seed, k + 4, pack=pack), None
         right_padded = right_padded and incremental_state is None
         if shard is not None:
             x, _ = self._attention_chain(self.self_attn, self.self_attn_layer_norm, x, seed, k, shard, memory=None,

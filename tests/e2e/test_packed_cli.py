@@ -30,18 +30,18 @@ RTOL = 1e-5
 def both(tmp_path_factory, name, argv_of):
     """{packed: (losses, save_dir)} for --ls-packed False and True of argv_of(save_dir); checks that the packed
     attention ran in the packed run only (the run is in this process)."""
-    from fairseq_lightseq.modules.multihead_attention import LSMultiheadAttention
+    from fairseq_lightseq.modules.transformer_layer import TransformerLayerBase
 
     out = {}
-    original = LSMultiheadAttention.forward_packed
+    original = TransformerLayerBase._attention_packed
     for packed in (False, True):
         calls = []
-        LSMultiheadAttention.forward_packed = lambda self, *a: calls.append(1) or original(self, *a)
+        TransformerLayerBase._attention_packed = lambda self, *a, **k: calls.append(1) or original(self, *a, **k)
         try:
             save_dir = str(tmp_path_factory.mktemp(f"{name}_{packed}"))
             out[packed] = train_losses([*argv_of(save_dir), "--ls-packed", str(packed)], save_dir), save_dir
         finally:
-            LSMultiheadAttention.forward_packed = original
+            TransformerLayerBase._attention_packed = original
         assert bool(calls) == packed
     return out
 

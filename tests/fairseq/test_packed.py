@@ -1,5 +1,7 @@
 """--ls-packed: the packed forward and backward equal the padded ones (float64, every dropout on, the same
-seed: the packed rows draw the padded run's masks), for each model family, through our criteria.
+seed: the packed rows draw the padded run's masks), for each model family, through our criteria, on both
+packed paths: the one-node blocks (ops.blocks.packed_attention_block, feed_forward_block with a row map) and the
+per-op chain (autocast, devices or dtypes without kernels).
 
 Each case runs one training step's loss and gradients twice on the same weights and batch, padded
 (ls_packed False) then packed (True), after the same torch.manual_seed, and compares the losses and every
@@ -21,7 +23,7 @@ from fairseq_lightseq.models.ls_roberta import LSRobertaModel
 from fairseq_lightseq.models.ls_transformer import LSTransformerModel
 from fairseq_lightseq.models.ls_transformer_lm import LSTransformerLanguageModel
 from fairseq_lightseq.modules import packing
-from fairseq_lightseq.modules.multihead_attention import LSMultiheadAttention
+from fairseq_lightseq.modules.transformer_layer import TransformerLayerBase
 
 DROPOUT = dict(dropout=0.1, attention_dropout=0.1, activation_dropout=0.1)
 RTOL = 1e-10
@@ -34,6 +36,16 @@ BATCHES = {
     "no_padding": ([4, 4, 4], [3, 3, 3]),
     "batch_of_one": ([5], [4]),
 }
+
+
+@pytest.fixture(autouse=True, params=["blocks", "chain"])
+def packed_path(request, monkeypatch):
+    """Every test of this file runs with the packed layers as one-node blocks, then as the per-op chain."""
+    if request.param == "chain":
+        original = TransformerLayerBase._use_blocks
+        monkeypatch.setattr(TransformerLayerBase, "_use_blocks",
+                            lambda self, x, packed=False: not packed and original(self, x))
+    return request.param
 
 
 def _step(model, criterion, sample, packed: bool):
@@ -53,12 +65,12 @@ def _assert_same(model, criterion, sample, packs=True):
     padded numbers."""
     loss0, g0, log0 = _step(model, criterion, sample, False)
     calls = []
-    original = LSMultiheadAttention.forward_packed
-    LSMultiheadAttention.forward_packed = lambda self, *a: calls.append(1) or original(self, *a)
+    original = TransformerLayerBase._attention_packed
+    TransformerLayerBase._attention_packed = lambda self, *a, **k: calls.append(1) or original(self, *a, **k)
     try:
         loss1, g1, log1 = _step(model, criterion, sample, True)
     finally:
-        LSMultiheadAttention.forward_packed = original
+        TransformerLayerBase._attention_packed = original
     ran_packed = packs and any(t.eq(1).any() for k, t in sample["net_input"].items() if k.endswith("tokens"))
     assert bool(calls) == ran_packed
     if not ran_packed:

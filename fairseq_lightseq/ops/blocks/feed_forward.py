@@ -8,7 +8,7 @@ activation's input) and the layer norm statistics (post-LN: its input too). The 
 (the fc2 input, 4x the hidden size at the usual FFN width) is recomputed in backward by one
 memory-bound kernel instead of being stored, and a pre-LN block recomputes its normalised input.
 """
-from typing import NamedTuple
+from typing import NamedTuple, Optional
 
 import torch
 
@@ -17,9 +17,9 @@ from ..dropout_stream import Dropout, flat_draw
 
 
 class FeedForwardBlockConfig(NamedTuple):
-    """act: relu | gelu | gelu_tanh; act_dropout: the draw over the [T, B, F] activations;
-    dropout: the draw over the [T, B, E] output before the residual (both over the flat index: a draw
-    with rows is a ValueError); normalize_before: pre-LN else
+    """act: relu | gelu | gelu_tanh; act_dropout: the draw over the [..., F] activations;
+    dropout: the draw over the [..., E] output before the residual (both over the flat index, or both
+    with the same row map over packed rows: dropout_stream.at_rows); normalize_before: pre-LN else
     post-LN; eps: the layer norm's."""
 
     act: str
@@ -33,9 +33,21 @@ OPS = ("layer_norm_fwd", "bias_act_dropout_fwd", "bias_dropout_residual_fwd")
 
 
 def feed_forward_block(x, ln_weight, ln_bias, w1, b1, w2, b2, cfg: FeedForwardBlockConfig) -> torch.Tensor:
-    """x: [T, B, E]; ln_*: [E]; w1: [F, E]; b1: [F]; w2: [E, F]; b2: [E]; one dtype; cfg:
-    FeedForwardBlockConfig. Returns [T, B, E]: post-LN LN(x + dropout(fc2(act_dropout(fc1(x))))), pre-LN
-    x + dropout(fc2(...(LN(x)))). One compiled op whose autograd node is C++ (csrc/ops/blocks.cpp)."""
-    a, d = flat_draw(cfg.act_dropout, "feed_forward_block"), flat_draw(cfg.dropout, "feed_forward_block")
+    """x: [T, B, E], or packed rows [N, E] whose draws carry their row map; ln_*: [E]; w1: [F, E]; b1: [F];
+    w2: [E, F]; b2: [E]; one dtype; cfg: FeedForwardBlockConfig. Returns x's shape: post-LN
+    LN(x + dropout(fc2(act_dropout(fc1(x))))), pre-LN x + dropout(fc2(...(LN(x)))). One compiled op whose
+    autograd node is C++ (csrc/ops/blocks.cpp)."""
+    rows = _row_map(cfg.act_dropout, cfg.dropout)
+    a = flat_draw(cfg.act_dropout._replace(rows=None), "feed_forward_block")
+    d = flat_draw(cfg.dropout._replace(rows=None), "feed_forward_block")
     return _backend.ops().ffn_block(x, ln_weight, ln_bias, w1, b1, w2, b2, cfg.act, cfg.normalize_before, cfg.eps,
-                                    *a, *d)
+                                    *a, *d, rows)
+
+
+def _row_map(*draws: Dropout) -> Optional[torch.Tensor]:
+    """The one row map of the block's draws (None without one); a ValueError when two draws carry
+    different maps (the block reads both dropouts' rows through one)."""
+    maps = [d.rows for d in draws if d.rows is not None]
+    if any(m is not maps[0] for m in maps[1:]):
+        raise ValueError("feed_forward_block: the two dropout draws carry different row maps")
+    return maps[0] if maps else None
