@@ -12,9 +12,10 @@ chain of small ops with the fused ones (post-LN shown; pre-LN moves the layer no
 
 Training and evaluation without incremental state run each sublayer as one autograd node
 (ops.blocks.attention_block, ops.blocks.feed_forward_block: C++ autograd nodes, so backward never enters
-Python) instead of ~20 autograd nodes, which decides the host time per step. The per-op chain
-above is the same arithmetic and serves incremental decoding, attention weights, autocast and
-devices/dtypes without compiled kernels.
+Python) instead of ~20 autograd nodes, which decides the host time per step; packed rows (--ls-packed,
+modules/packing.py) the same, over [N, E] rows (ops.blocks.packed_attention_block, feed_forward_block with
+the row map). The per-op chain above is the same arithmetic and serves incremental decoding, attention
+weights, autocast and devices/dtypes without compiled kernels.
 
 Dropout: one seed per encoder/decoder forward (drawn by the caller), and each dropout site of
 layer i owns a fixed Philox range (`dropout_site` + k, see ops.dropout_stream.SITE_BITS): the masks do not
