@@ -3,6 +3,7 @@ float64, and forward/backward equal to the per-op chain (the layers' other path)
 dropout draws, for self- and encoder-decoder attention, pre- and post-LN, masks and dropout."""
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from support.tensors import DEVICE_DTYPES, assert_close, randn
 from fairseq_lightseq import ops
@@ -56,16 +57,21 @@ def test_attention_block_gradcheck(cross, normalize_before, sdpa, recompute):
     assert torch.autograd.gradcheck(f, inputs)
 
 
+def _ffn_params(E, F, g):
+    """ln_w, ln_b, w1, b1, w2, b2 (float64); b1 in [0.5, 1.5): relu's kink kept away from the pre-activations
+    so that finite differences stay on one side."""
+    return [1 + 0.1 * torch.randn(E, generator=g, dtype=torch.float64), 0.1 * torch.randn(E, generator=g, dtype=torch.float64),
+            torch.randn(F, E, generator=g, dtype=torch.float64) / 2, 0.5 + torch.rand(F, generator=g, dtype=torch.float64),
+            torch.randn(E, F, generator=g, dtype=torch.float64) / 2, 0.1 * torch.randn(E, generator=g, dtype=torch.float64)]
+
+
 @pytest.mark.parametrize("normalize_before", [False, True], ids=["post_ln", "pre_ln"])
 @pytest.mark.parametrize("act", ["relu", "gelu", "gelu_tanh"])
 def test_feed_forward_block_gradcheck(normalize_before, act):
     T, B, E, F = 3, 2, 4, 6
     g = torch.Generator().manual_seed(1)
-    # relu's kink: keep pre-activations away from 0 so finite differences stay on one side
     x = torch.randn(T, B, E, generator=g, dtype=torch.float64)
-    ps = [1 + 0.1 * torch.randn(E, generator=g, dtype=torch.float64), 0.1 * torch.randn(E, generator=g, dtype=torch.float64),
-          torch.randn(F, E, generator=g, dtype=torch.float64) / 2, 0.5 + torch.rand(F, generator=g, dtype=torch.float64),
-          torch.randn(E, F, generator=g, dtype=torch.float64) / 2, 0.1 * torch.randn(E, generator=g, dtype=torch.float64)]
+    ps = _ffn_params(E, F, g)
     cfg = FeedForwardBlockConfig(act, ops.draw(0.3, True, SEED, 3), ops.draw(0.2, True, SEED, 4), normalize_before,
                                  1e-5)
     inputs = [t.requires_grad_() for t in [x] + ps]
@@ -163,21 +169,22 @@ def test_blocks_match_per_op_chain_on_cuda(device, dtype):
         assert_close(a, b, scale=20)
 
 
+class Record(TorchDispatchMode):
+    """Records the name of every op that reaches the dispatcher below autograd."""
+
+    def __init__(self):
+        super().__init__()
+        self.names = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.names.append(func.__name__.split(".")[0])
+        return func(*args, **(kwargs or {}))
+
+
 def test_explicit_blocks_run_their_compiled_ops(monkeypatch):
     """The equality tests above check the compiled block ops (csrc/ops/blocks.cpp): the explicit
     attention and the FFN run forward and backward as those ops, and the kernels inside them do not
     reach Python."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class Record(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.names = []
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            self.names.append(func.__name__.split(".")[0])
-            return func(*args, **(kwargs or {}))
-
     monkeypatch.setattr(multihead_attention.LSMultiheadAttention, "attention_mode", "explicit")
     layer = _layer_pair(LSTransformerDecoderLayer).train()
     x = randn(5, 3, 16, seed=1).requires_grad_()
@@ -261,9 +268,7 @@ def test_feed_forward_block_with_rows_gradcheck_and_padded_rows(normalize_before
     T, B, E, F = 4, 3, 4, 6
     g = torch.Generator().manual_seed(2)
     x = torch.randn(T, B, E, generator=g, dtype=torch.float64)
-    ps = [1 + 0.1 * torch.randn(E, generator=g, dtype=torch.float64), 0.1 * torch.randn(E, generator=g, dtype=torch.float64),
-          torch.randn(F, E, generator=g, dtype=torch.float64) / 2, 0.5 + torch.rand(F, generator=g, dtype=torch.float64),
-          torch.randn(E, F, generator=g, dtype=torch.float64) / 2, 0.1 * torch.randn(E, generator=g, dtype=torch.float64)]
+    ps = _ffn_params(E, F, g)
     pack = _packing([4, 1, 2], T, left=True)
     drops = (ops.draw(0.3, True, SEED, 3), ops.draw(0.2, True, SEED, 4))
     padded = FeedForwardBlockConfig("gelu", *drops, normalize_before, 1e-5)
@@ -334,17 +339,6 @@ def test_packed_layer_blocks_match_per_op_chain(kind, normalize_before, recomput
 def test_packed_blocks_run_their_compiled_ops():
     """A decoder layer over packed rows runs each sublayer as one compiled op forward and backward
     (varlen_attention_block_fwd/_bwd twice, ffn_block_fwd/_bwd once); no kernel of theirs reaches Python."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class Record(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.names = []
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            self.names.append(func.__name__.split(".")[0])
-            return func(*args, **(kwargs or {}))
-
     layer = _layer_pair(LSTransformerDecoderLayer).train()
     pack, src = _packing([5, 1, 3], 5), _packing([2, 6, 4], 6, left=True)
     x = randn(pack.N, 16, seed=1).requires_grad_()
