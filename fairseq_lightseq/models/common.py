@@ -21,12 +21,11 @@ RECOMPUTE_DEFAULTS = {"ls_transformer": True, "ls_transformer_lm": False, "ls_ro
 
 # --ls-packed's default per model: packed rows where the benchmark on real batches shows them faster than
 # the padded path without keeping more for backward. RoBERTa's sentence-classification batches are
-# shuffled, so much of them is padding: on. fairseq sorts translation and LM sentences by length before
-# batching, so their batches carry little padding; the packed layers run the per-op chain, which keeps more
-# for backward than the padded blocks (with the translation default, which recomputes q, k, v, far more):
-# off, a choice for --ls-packed True where batches are padded more or memory is not the limit. The figures
-# are in the benchmark results, not here.
-PACKED_DEFAULTS = {"ls_transformer": False, "ls_transformer_lm": False, "ls_roberta": True}
+# shuffled, so much of them is padding: on. fairseq sorts translation sentences by length before batching,
+# but a batch of hundreds of sentences still pads its targets, more so at larger --max-tokens, and the packed
+# one-node blocks keep less than the padded ones: on. The LM's sorted one-sentence rows carry almost no
+# padding, so packing only adds its own cost: off. The figures are in the benchmark results, not here.
+PACKED_DEFAULTS = {"ls_transformer": True, "ls_transformer_lm": False, "ls_roberta": True}
 
 # Dropout probabilities the layers take; each must be in [0, 1] (checked at build, not by the first
 # forward's op). --relu-dropout is fairseq's old name for --activation-dropout.
