@@ -105,7 +105,7 @@ def test_fairseq_parser_takes_the_attention_mode(arch, task, tmp_path, capsys):
 def test_the_modes_run_the_path_they_name(monkeypatch):
     """sdpa calls torch's SDPA and explicit never does; the loss and gradients agree (no dropout). The
     per-op chain (the compiled blocks call SDPA from C++, which a Python spy does not see)."""
-    monkeypatch.setattr(transformer_layer, "_blocks_have_kernels", lambda device_type: False)
+    monkeypatch.setattr(transformer_layer, "_blocks_have_kernels", lambda device_type, packed=False: False)
     task = make_task()
     model = build_lm(LSTransformerLanguageModel, task).double()
     tokens, _ = lm_batch(task)

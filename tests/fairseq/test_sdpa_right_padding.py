@@ -44,15 +44,19 @@ def _translation_task(left_pad_target=False):
 
 def _model(family, task):
     """The family's tiny model built with `task` (so its decoder's padding side is the task's), random
-    weights, float64."""
+    weights, float64, padded rows (--ls-packed False: this file checks the padded path's SDPA masks; packed
+    rows: tests/fairseq/test_packed.py)."""
     from fairseq_lightseq.models.ls_transformer import LSTransformerModel
     from fairseq_lightseq.models.ls_transformer_lm import LSTransformerLanguageModel
     from support.lm import build_lm, perturb_lm_
 
     torch.manual_seed(0)
     if family == "lm":
-        return perturb_lm_(build_lm(LSTransformerLanguageModel, task), 0).double()
-    return perturb_(LSTransformerModel.build_model(argparse.Namespace(**TINY), task), 0).double()
+        model = perturb_lm_(build_lm(LSTransformerLanguageModel, task), 0).double()
+    else:
+        model = perturb_(LSTransformerModel.build_model(argparse.Namespace(**TINY), task), 0).double()
+    model.ls_packed = False
+    return model
 
 
 def _left_pad(t):
@@ -194,7 +198,7 @@ def test_real_rows_and_gradients_equal_the_masked_run(family, shape, monkeypatch
     runs = {}
     for path in ("blocks", "chain"):
         if path == "chain":
-            monkeypatch.setattr(transformer_layer, "_blocks_have_kernels", lambda device_type: False)
+            monkeypatch.setattr(transformer_layer, "_blocks_have_kernels", lambda device_type, packed=False: False)
         for right_padded in (False, True):
             model.decoder.right_padded = right_padded
             runs[path, right_padded] = _run(model, criterion, sample)
@@ -210,7 +214,7 @@ def test_real_rows_and_gradients_equal_the_masked_run(family, shape, monkeypatch
 
 def test_the_python_path_calls_sdpa_with_its_causal_flag_and_no_mask(monkeypatch):
     monkeypatch.setattr(multihead_attention.LSMultiheadAttention, "attention_mode", "sdpa")
-    monkeypatch.setattr(transformer_layer, "_blocks_have_kernels", lambda device_type: False)
+    monkeypatch.setattr(transformer_layer, "_blocks_have_kernels", lambda device_type, packed=False: False)
     calls, sdpa = [], F.scaled_dot_product_attention
 
     def spy(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None):

@@ -527,22 +527,22 @@ def test_bad_row_map_names_rows(name, rows, match):
 
 
 def _rejected_calls():
-    """Every op that places its dropout by its own coordinates, called with a draw that has rows: they
-    check the draw before using any other argument."""
+    """Every op that places its dropout by its own coordinates (the attentions; the packed attention block's
+    attention dropout too), called with a draw that has rows: they check the draw before using any other
+    argument. The token-wise ops and feed_forward_block take rows (tests/ops/test_blocks.py)."""
     from fairseq_lightseq.ops.blocks.attention import AttentionBlockConfig, attention_block
-    from fairseq_lightseq.ops.blocks.feed_forward import FeedForwardBlockConfig, feed_forward_block
+    from fairseq_lightseq.ops.blocks.packed_attention import packed_attention_block
 
     rowed = ops.Dropout(0.1, SEED, 0, torch.tensor([0]))
     s = randn(1, 1, 2, 2)
     q = randn(2, 1, 4)
     cu = torch.tensor([0, 2], dtype=torch.int32)
-    ffn = FeedForwardBlockConfig("relu", ops.NO_DROPOUT, rowed, False, 1e-5)
     attn = AttentionBlockConfig(1, 1.0, False, False, 1e-5, rowed, ops.NO_DROPOUT)
     return {
         "attention_softmax_dropout": lambda: ops.attention_softmax_dropout(s, p=rowed),
         "attention_softmax_dropout_bmm": lambda: ops.attention_softmax_dropout_bmm(s, randn(1, 1, 2, 3), p=rowed),
         "varlen_attention": lambda: ops.varlen_attention(q, q, q, cu, cu, 2, 2, p=rowed),
-        "feed_forward_block": lambda: feed_forward_block(*(None,) * 7, ffn),
+        "packed_attention_block": lambda: packed_attention_block(*(None,) * 17, attn),
         "attention_block": lambda: attention_block(*(None,) * 13, attn),
     }
 
