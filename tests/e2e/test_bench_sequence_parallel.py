@@ -4,8 +4,8 @@ ls_transformer_lm): the JSON has every cell; the bytes rank 0 sends per directio
 volumes for the whole model (recomputed here from the per-layer table); a rank of P = 2 and 4 keeps
 fewer bytes for backward than one process; the fake-tensor count agrees with the real one; --arch
 takes its widths from fairseq's arch function; --gloo runs 2 real processes. Times are not judged (a
-shared CPU). The grid runs in the test process (support.inprocess); --gloo and the refusal's exit
-status in a process of their own. Marked `e2e`."""
+shared CPU). The script runs in the test process (support.inprocess), but for --gloo, which starts
+the ranks' processes itself. Marked `e2e`."""
 import json
 import os
 import subprocess
@@ -111,6 +111,5 @@ def test_arch_widths_and_ulysses_left_out(tmp_path):
 
 
 def test_refuses_heads_not_divisible():
-    r = subprocess.run([sys.executable, *SCRIPT, *TINY, "--sizes", "3", "--modes", "ulysses"], capture_output=True,
-                       text=True, timeout=120)
-    assert r.returncode != 0 and "--heads (4) divisible by P" in r.stderr
+    rc, _, stderr = inprocess.call_split([sys.executable, *SCRIPT, *TINY, "--sizes", "3", "--modes", "ulysses"], ROOT)
+    assert rc != 0 and "--heads (4) divisible by P" in stderr
