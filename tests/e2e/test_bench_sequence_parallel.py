@@ -4,7 +4,8 @@ ls_transformer_lm): the JSON has every cell; the bytes rank 0 sends per directio
 volumes for the whole model (recomputed here from the per-layer table); a rank of P = 2 and 4 keeps
 fewer bytes for backward than one process; the fake-tensor count agrees with the real one; --arch
 takes its widths from fairseq's arch function; --gloo runs 2 real processes. Times are not judged (a
-shared CPU). Marked `e2e`."""
+shared CPU). The script runs in the test process (support.inprocess), but for --gloo, which starts
+the ranks' processes itself. Marked `e2e`."""
 import json
 import os
 import subprocess
@@ -12,7 +13,7 @@ import sys
 
 import pytest
 
-from support import ROOT
+from support import ROOT, inprocess
 
 pytestmark = pytest.mark.e2e
 
@@ -21,15 +22,20 @@ TINY = ["--embed-dim", "32", "--ffn-dim", "64", "--heads", "4", "--layers", "1",
 E, L, B, FP32 = 32, 1, 1, 4
 
 
-def bench(tmp_path, *args, check=True, tiny=TINY):
+def bench(tmp_path, *args, tiny=TINY, process=False):
+    """python -m scripts.bench_sequence_parallel args; returns (the JSON, stdout: the tables). The grid
+    (one process faking P ranks) runs in the test process (support.inprocess); with `process` (--gloo,
+    which starts the ranks' processes itself) the script runs in its own process."""
     out = tmp_path / "sp.json"
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
-    r = subprocess.run([sys.executable, *SCRIPT, *tiny, "--json", str(out), *args], capture_output=True, text=True,
-                       timeout=300, env=env)
-    if not check:
-        return r
-    assert r.returncode == 0, f"bench_sequence_parallel.py failed:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
-    return json.loads(out.read_text()), r.stdout
+    cmd = [sys.executable, *SCRIPT, *tiny, "--json", str(out), *args]
+    if process:
+        env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+        rc, stdout, stderr = r.returncode, r.stdout, r.stderr
+    else:
+        rc, stdout, stderr = inprocess.call_split(cmd, ROOT, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+    assert rc == 0, f"bench_sequence_parallel.py failed:\n{stdout[-3000:]}\n{stderr[-3000:]}"
+    return json.loads(out.read_text()), stdout
 
 
 def volume(mode, P, T, lm=False):
@@ -83,7 +89,7 @@ def test_memory_budget_skips_real_cells(tmp_path):
 
 def test_gloo_two_processes(tmp_path):
     res, out = bench(tmp_path, "--gloo-only", "--gloo-length", "32", "--gloo-embed-dim", "32", "--gloo-layers", "1",
-                     "--gloo-steps", "2")
+                     "--gloo-steps", "2", process=True)
     g = res["gloo"]
     assert len(g["p1_step_seconds"]) == len(g["p2_step_seconds"]) == 2
     assert g["p1_tokens_per_s"] > 0 and g["p2_tokens_per_s"] > 0 and "ratio" in out
@@ -105,6 +111,5 @@ def test_arch_widths_and_ulysses_left_out(tmp_path):
 
 
 def test_refuses_heads_not_divisible():
-    r = subprocess.run([sys.executable, *SCRIPT, *TINY, "--sizes", "3", "--modes", "ulysses"], capture_output=True,
-                       text=True, timeout=120)
-    assert r.returncode != 0 and "--heads (4) divisible by P" in r.stderr
+    rc, _, stderr = inprocess.call_split([sys.executable, *SCRIPT, *TINY, "--sizes", "3", "--modes", "ulysses"], ROOT)
+    assert rc != 0 and "--heads (4) divisible by P" in stderr

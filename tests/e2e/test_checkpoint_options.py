@@ -99,12 +99,12 @@ def test_validate_and_generate_load_every_kind(runs, data_bin):
     checkpoint_best/_last/.best_bleu_*/average of every run (both architectures)."""
     ls = runs["ls"]
     _, log = run(["fairseq-validate", data_bin, "--user-dir", USER_DIR, "--path", os.path.join(ls, "checkpoint_best.pt"),
-                  "--cpu", "--max-tokens", "400", "--task", "translation"], cwd=ls)
+                  "--cpu", "--num-workers", "0", "--max-tokens", "400", "--task", "translation"], cwd=ls)
     assert re.search(r"valid on 'valid' subset \| loss [\d.]+", log), log[-2000:]
     paths = [os.path.join(ls, "avg2.pt"), *glob.glob(os.path.join(ls, "checkpoint.best_bleu_*.pt"))]
     paths += [os.path.join(d, f) for d in runs.values() for f in ("checkpoint_best.pt", "checkpoint_last.pt")]
     _, log = run(["fairseq-generate", data_bin, "--user-dir", USER_DIR, "--path", ":".join(paths), "--cpu",
-                  "--beam", "1", "--batch-size", "16", "--gen-subset", "test", "--max-len-a", "1", "--max-len-b", "5",
+                  "--num-workers", "0", "--beam", "1", "--batch-size", "16", "--gen-subset", "test", "--max-len-a", "1", "--max-len-b", "5",
                   "--required-batch-size-multiple", "1"], cwd=ls)  # (fairseq-fixed drops a partial last batch)
     assert len(re.findall(r"^H-\d+\t", log, flags=re.M)) == 12, log[-2000:]
 

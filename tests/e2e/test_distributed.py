@@ -50,9 +50,18 @@ def ranks_by_hand(data_bin, d, ddp_backend, cpu=True):
     return log0
 
 
+@pytest.fixture(scope="module")
+def legacy_ddp_log(data_bin, tmp_path_factory):
+    """Rank 0's log of 2 legacy_ddp ranks to UPDATES updates: the run that matches --update-freq 2 and
+    the uninterrupted run a resumed one must reproduce."""
+    return ranks_by_hand(data_bin, tmp_path_factory.mktemp("legacy_ddp"), "legacy_ddp")
+
+
 @pytest.mark.parametrize("ddp_backend", ["legacy_ddp", "no_c10d", "pytorch_ddp"])
-def test_two_ranks_match_update_freq_2(data_bin, tmp_path, one_process, ddp_backend):
-    check_matches(ranks_by_hand(data_bin, tmp_path, ddp_backend), one_process)
+def test_two_ranks_match_update_freq_2(data_bin, tmp_path, one_process, ddp_backend, request):
+    log = (request.getfixturevalue("legacy_ddp_log") if ddp_backend == "legacy_ddp"
+           else ranks_by_hand(data_bin, tmp_path, ddp_backend))
+    check_matches(log, one_process)
 
 
 @pytest.mark.cuda
@@ -73,13 +82,12 @@ def test_torchrun_two_cpu_processes(data_bin, tmp_path, one_process):
     check_matches(log, one_process)
 
 
-def test_two_ranks_resume(data_bin, tmp_path):
+def test_two_ranks_resume(data_bin, tmp_path, legacy_ddp_log):
     """Resuming a 2-rank run: rank 0 loads the checkpoint and broadcasts it, the other rank unpickles it
     with torch's safe loader (fairseq's _TensorPlaceholder must be allowed). 2 epochs, then the same
-    command to 6 updates: the resumed updates log the uninterrupted 2-rank run's losses."""
-    (tmp_path / "whole").mkdir()
+    command to 6 updates: the resumed updates log the uninterrupted 2-rank run's losses (legacy_ddp_log)."""
     (tmp_path / "resumed").mkdir()
-    whole = losses(by_hand(train_args(data_bin, tmp_path / "whole", UPDATES), 2, tmp_path / "whole")[0][1])
+    whole = losses(legacy_ddp_log)
     # stopped at the end of epoch 2 (fairseq replays the same batches only from an epoch boundary)
     first = by_hand([*train_args(data_bin, tmp_path / "resumed", UPDATES), "--max-epoch", "2"], 2,
                     tmp_path / "resumed")

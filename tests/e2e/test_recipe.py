@@ -110,7 +110,8 @@ def test_evaluate(trained):
     d, _ = trained
     ckpt = os.path.join(d, "ckpt")
     rc, out = run([os.path.join(RECIPE, "evaluate.sh"), "out/data-bin", "ckpt", "raw/test.de", "out/spm/spm.model",
-                   "--cpu", "--max-len-a", "1", "--max-len-b", "5"], cwd=d, env={"NUM_CHECKPOINTS": "3"})
+                   "--cpu", "--num-workers", "0", "--max-len-a", "1", "--max-len-b", "5"], cwd=d,
+                  env={"NUM_CHECKPOINTS": "3"})
     detok = re.search(r"detokenized sacreBLEU: ([\d.]+) .*signature nrefs:1\|case:mixed\|eff:no\|tok:13a", out)
     split = re.search(r"tokenized compound-split BLEU: ([\d.]+)", out)
     assert detok and split, out[-3000:]

@@ -156,8 +156,12 @@ def train(d: str, *args, check=True, user_dir=True, process=False):
 def generate(d: str, path: str, *args, check=True, user_dir=True, process=False, **extra_env):
     """fairseq-generate bin --path path (test subset, beam 2, with --user-dir unless not `user_dir`,
     `extra_env` added to the environment; in a subprocess with `process`, see `run`); returns
-    (returncode, log, {sentence id: (score, hypothesis)})."""
+    (returncode, log, {sentence id: (score, hypothesis)}). The batches are read in the decoding process
+    (--num-workers 0, as the training runs here read theirs) unless `process` or `args` say otherwise:
+    the hypotheses do not depend on it, and a loader worker costs seconds at its shutdown."""
     extra = ["--user-dir", USER_DIR] if user_dir else []
+    if not process and "--num-workers" not in args:
+        extra += ["--num-workers", "0"]
     rc, out = run(["fairseq-generate", "bin", "--path", path, "--gen-subset", "test", "--beam", "2",
                    "--batch-size", "64", "--cpu", *extra, *args], d, check=check, process=process, **extra_env)
     hyps = {}

@@ -13,7 +13,8 @@ global random states (fairseq seeds torch, numpy and random), the root logger (f
 INFO, into the captured output) and logging's global switch-off (`logging.disable`, which the
 benchmark sets to quiet fairseq), the best validation score fairseq keeps on its functions, and
 fairseq's data-buffer threads (stopped after the call, as the plugin's exit hook stops them at a
-process's exit).
+process's exit), torch.distributed's default process group (one the call leaves initialised, e.g. the
+fake group of bench_sequence_parallel's grid, is destroyed: a fresh process has none).
 
 Not for what only a process shows: a run without --user-dir (the plugin, once imported, patches
 fairseq for the whole test process), exit at interpreter shutdown, signals, several ranks, torchrun.
@@ -39,8 +40,10 @@ IN_PROCESS = {"fairseq-train": "fairseq_cli.train", "fairseq-generate": "fairseq
 # the repository's scripts that import the plugin themselves (so that a process of theirs has it too)
 SCRIPTS = ("convert_checkpoint.py", "average_checkpoints.py")
 # modules run as `python -m M` whose own process is no part of what they do: the benchmarks' parents
-# (they prepare the data and start one child process per side and round themselves), the export
-SCRIPT_MODULES = ("scripts.benchmark", "scripts.bench_generate", "fairseq_lightseq.export_ctranslate2")
+# (they prepare the data and start one child process per side and round themselves), the export,
+# bench_sequence_parallel's grid (one process faking a world of P ranks; its --gloo runs start processes)
+SCRIPT_MODULES = ("scripts.benchmark", "scripts.bench_generate", "scripts.bench_sequence_parallel",
+                  "fairseq_lightseq.export_ctranslate2")
 LOG_FORMAT = "%(asctime)s | %(levelname)s | %(name)s | %(message)s"  # fairseq_cli's basicConfig
 
 
@@ -80,6 +83,7 @@ def _process_state(argv, cwd, extra_env):
     rng = torch.get_rng_state(), np.random.get_state(), random.getstate()
     root = logging.getLogger()
     handlers, level, disabled = root.handlers[:], root.level, logging.root.manager.disable
+    had_group = torch.distributed.is_available() and torch.distributed.is_initialized()
     try:
         _forget_best()
         os.chdir(cwd)
@@ -106,6 +110,8 @@ def _process_state(argv, cwd, extra_env):
         root.handlers[:] = handlers
         root.setLevel(level)
         logging.disable(disabled)
+        if not had_group and torch.distributed.is_available() and torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
         _forget_best()
 
 
@@ -113,11 +119,23 @@ def call(cmd, cwd, **extra_env):
     """Runs `cmd` (see `entry_point`) in this process in directory `cwd`; returns (exit status, stdout
     and stderr as one text). An exception escaping the tool is printed as Python prints it at exit
     (traceback, last line `module.Error: message`) and gives status 1; SystemExit gives its code."""
+    rc, out, _ = _call(cmd, cwd, extra_env, split=False)
+    return rc, out
+
+
+def call_split(cmd, cwd, **extra_env):
+    """`call` with stdout and stderr kept apart (the log, fairseq's included, is stderr's): returns
+    (exit status, stdout, stderr)."""
+    return _call(cmd, cwd, extra_env, split=True)
+
+
+def _call(cmd, cwd, extra_env, split):
     module, argv = entry_point(cmd)
     buf = io.StringIO()
-    handler = logging.StreamHandler(buf)
+    err = io.StringIO() if split else buf
+    handler = logging.StreamHandler(err)
     handler.setFormatter(logging.Formatter(LOG_FORMAT, datefmt="%Y-%m-%d %H:%M:%S"))
-    with _process_state(argv, str(cwd), extra_env), contextlib.redirect_stdout(buf), contextlib.redirect_stderr(buf):
+    with _process_state(argv, str(cwd), extra_env), contextlib.redirect_stdout(buf), contextlib.redirect_stderr(err):
         root = logging.getLogger()
         root.handlers[:] = [handler]
         root.setLevel(logging.INFO)
@@ -140,7 +158,7 @@ def call(cmd, cwd, **extra_env):
             from fairseq_lightseq.patches.clean_exit import stop_data_buffer_threads
 
             stop_data_buffer_threads()
-    return rc, buf.getvalue()
+    return rc, buf.getvalue(), err.getvalue()
 
 
 def train_losses(argv, cwd):

@@ -39,9 +39,13 @@ def assert_sharded_equals_one_process(model, attach, criterion, make_sample, P, 
         counts, grads = step(model, criterion, make_sample(g.index), seed, train, log_keys)
     finally:
         attach(model, None)
-    dist.all_reduce(counts)
+    # one all-reduce for the counts and every gradient (a collective per tensor costs a round trip each)
+    flat = torch.cat([counts] + [gr.reshape(-1) for gr in grads.values()])
+    dist.all_reduce(flat)
+    counts, rest = flat[:counts.numel()], flat[counts.numel():]
     for gr in grads.values():
-        dist.all_reduce(gr)
+        gr.copy_(rest[:gr.numel()].view_as(gr))
+        rest = rest[gr.numel():]
     torch.testing.assert_close(counts, ref_counts, rtol=1e-9, atol=1e-9, msg=lambda m: f"{where}: counts {m}")
     worst = 0.0
     for n, gr in grads.items():
