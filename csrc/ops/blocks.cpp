@@ -327,7 +327,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> ffn_block_bwd
 }
 
 // ---- The attention sublayer over packed rows (--ls-packed) ------------------------------------------------
-// See ops/blocks/varlen_attention.py. x: [Nq, E] packed rows; memory: [Nk, Ek] packed encoder rows (None: self-
+// See ops/blocks/packed_attention.py. x: [Nq, E] packed rows; memory: [Nk, Ek] packed encoder rows (None: self-
 // attention); the attention is varlen_attention_fwd/_bwd over (cu_q, cu_k, max_q, max_k, causal, starts,
 // padded_q, padded_k), its dropout the padded problem's; rows: the residual dropout's row map.
 

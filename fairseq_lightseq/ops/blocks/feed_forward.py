@@ -13,7 +13,7 @@ from typing import NamedTuple, Optional
 import torch
 
 from .. import _backend
-from ..dropout_stream import Dropout, flat_draw
+from ..dropout_stream import Dropout
 
 
 class FeedForwardBlockConfig(NamedTuple):
@@ -37,11 +37,9 @@ def feed_forward_block(x, ln_weight, ln_bias, w1, b1, w2, b2, cfg: FeedForwardBl
     w2: [E, F]; b2: [E]; one dtype; cfg: FeedForwardBlockConfig. Returns x's shape: post-LN
     LN(x + dropout(fc2(act_dropout(fc1(x))))), pre-LN x + dropout(fc2(...(LN(x)))). One compiled op whose
     autograd node is C++ (csrc/ops/blocks.cpp)."""
-    rows = _row_map(cfg.act_dropout, cfg.dropout)
-    a = flat_draw(cfg.act_dropout._replace(rows=None), "feed_forward_block")
-    d = flat_draw(cfg.dropout._replace(rows=None), "feed_forward_block")
+    a, d = cfg.act_dropout, cfg.dropout
     return _backend.ops().ffn_block(x, ln_weight, ln_bias, w1, b1, w2, b2, cfg.act, cfg.normalize_before, cfg.eps,
-                                    *a, *d, rows)
+                                    a.p, a.seed, a.offset, d.p, d.seed, d.offset, _row_map(a, d))
 
 
 def _row_map(*draws: Dropout) -> Optional[torch.Tensor]:
