@@ -24,8 +24,9 @@ Method:
   task.inference_step, the call fairseq-generate times; the timed region is that call and nothing
   else (no printing, detokenising or scoring). Both sides pass --user-dir fairseq_lightseq (the
   checkpoint loader needs it, see generate_args); the native side's model is fairseq's transformer.
-- Each side runs in its own process, in turns (round 1: ls, native; round 2: ls, native; ...): a
-  process loads the model, decodes --warmup batches untimed, then every batch once, timed.
+- Each side runs in its own process, in turns (round 1: ls, native; round 2: ls, native; ...; started
+  as scripts/benchmark.py starts its sides, bench_support/children.py): a process loads the model,
+  decodes --warmup batches untimed, then every batch once, timed.
 - Reported per side: sentences/s and tokens/s (best hypotheses' tokens, </s> included, as
   fairseq-generate counts them) over all rounds; the speed ratio ls/native (sum of native time over
   sum of ls time), its median and IQR over rounds and over batches (batch k of round r against the
@@ -33,14 +34,12 @@ Method:
   (CPU, threads, torch, load averages before, after and per process).
 """
 import argparse
-import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
 
-from scripts.bench_support import check_args
+from scripts.bench_support import check_args, children
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # this checkout (scripts/ is its package)
 SIDES = ("ls", "native")
@@ -160,19 +159,6 @@ def decode_side(spec: dict) -> dict:
     return out
 
 
-def run_child(spec: dict, repo: str, threads) -> dict:
-    env = dict(os.environ, PYTHONWARNINGS="ignore", PYTHONPATH=os.pathsep.join(
-        [ROOT, os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
-    if threads:
-        env["OMP_NUM_THREADS"] = str(threads)
-    r = subprocess.run([sys.executable, "-m", "scripts.bench_generate", "--_child", json.dumps(dict(spec, repo=repo))],
-                       capture_output=True, text=True, env=env)
-    for line in r.stdout.splitlines():
-        if line.startswith("RESULT "):
-            return json.loads(line[7:])
-    raise RuntimeError(f"decoding child failed ({' '.join(spec['args'])}):\n{r.stdout[-2000:]}\n{r.stderr[-4000:]}")
-
-
 def summarize(runs: dict) -> dict:
     """Per side: sentences/s, tokens/s over all rounds and per round; ls's speed over native's: the
     ratio of summed times, and the median and IQR of per-round and per-batch time ratios native/ls."""
@@ -254,21 +240,15 @@ def parse_args(argv=None):
 
 
 def main(argv=None):
-    from scripts.benchmark import use_tree
-
     a = parse_args(argv)
     if a._child:
-        import logging
-        logging.disable(logging.WARNING)
-        spec = json.loads(a._child)
-        use_tree(spec.pop("repo"))
-        print("RESULT " + json.dumps(decode_side(spec)), flush=True)
+        children.serve(decode_side, a._child)
         return
     check_args.finish(a, "bench_generate.py")  # the rehearsal stops here: no CUDA device needed
     import torch
     if a.device == "cuda" and not torch.cuda.is_available():
         sys.exit("bench_generate.py: --device cuda: no CUDA device")
-    use_tree(a.repo)
+    children.use_tree(a.repo)
     import logging
     import warnings
     logging.disable(logging.WARNING)
@@ -294,7 +274,7 @@ def main(argv=None):
         for side in SIDES:
             spec = {"args": generate_args(a, data_bin, paths[side]), "threads": a.threads,
                     "warmup": a.warmup, "profile": a.profile if r == a.rounds - 1 else 0}
-            res = run_child(spec, a.repo, a.threads)
+            res = children.run("scripts.bench_generate:decode_side", spec, a.repo, a.threads, fork=a.device == "cpu")
             runs[side].append(res)
             print(f"  round {r + 1}/{a.rounds} {side:<7} {sum(res['sentences']) / sum(res['times']):8.1f} sentences/s"
                   f"  ({sum(res['times']):.2f} s; load {res['loadavg_at_start'][0]:.1f})", flush=True)

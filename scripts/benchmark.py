@@ -40,7 +40,8 @@ Method (throughput, the default mode):
   it; fairseq_fused = the same with torch's fused AdamW registered by the benchmark
   (bench_support/fused_adamw.py).
 - Each side runs in its own process, in turns (round 1: ls, fairseq, fairseq_fused; round 2: the same
-  order; ...). A process builds fairseq's Trainer, warms up --warmup steps over the pool, then times
+  order; ...; bench_support/children.py: on the CPU forked from a server that imported torch and fairseq
+  once, on CUDA a new interpreter). A process builds fairseq's Trainer, warms up --warmup steps over the pool, then times
   its share of the timed step list: the list is steps 0..--steps-1 (step k trains on pool batch
   k mod pool), split into --rounds consecutive parts, part r timed in round r. What one timed step is:
   see bench_support/timing.py (fairseq's Trainer.train_step; CUDA events on GPU, perf_counter on CPU).
@@ -94,49 +95,29 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 
-from scripts.bench_support import check_args
+from scripts.bench_support import check_args, children
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # this checkout (scripts/ is its package)
 HOST_TARGET, ACT_TARGET = 0.5, 0.6
 
 
-def use_tree(repo: str) -> None:
-    """Makes `import fairseq_lightseq` load the package of checkout `repo` (--repo: the tree benchmarked,
-    by default this one), ahead of one the working directory may hold."""
-    sys.path.insert(0, repo)
+def run_child(kind: str, spec: dict, a, threads=None) -> dict:
+    """Runs `kind` (side | act) in a fresh process (bench_support/children.py: forked from a server with
+    torch and fairseq imported on the CPU, a new interpreter on CUDA); returns its result."""
+    return children.run("scripts.benchmark:child", dict(spec, kind=kind), a.repo, threads, fork=a.device == "cpu")
 
 
-def run_child(kind: str, spec: dict, repo: str, threads=None) -> dict:
-    """Runs `kind` (side | act) in a fresh process; returns its result."""
-    env = dict(os.environ, PYTHONWARNINGS="ignore", PYTHONPATH=os.pathsep.join(
-        [ROOT, os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
-    if threads:
-        env["OMP_NUM_THREADS"] = str(threads)
-    r = subprocess.run([sys.executable, "-m", "scripts.benchmark", "--_child", kind, json.dumps(dict(spec, repo=repo))],
-                       capture_output=True, text=True, env=env)
-    for line in r.stdout.splitlines():
-        if line.startswith("RESULT "):
-            return json.loads(line[7:])
-    raise RuntimeError(f"benchmark child {kind} failed ({' '.join(spec.get('args', []))}):\n"
-                       f"{r.stdout[-2000:]}\n{r.stderr[-4000:]}")
-
-
-def child_main(kind: str, spec: dict) -> None:
-    import logging
-
-    logging.disable(logging.WARNING)
-    if kind == "side":
+def child(spec: dict) -> dict:
+    """A child's work (children.run): one side's timed run, or one forward's saved bytes."""
+    if spec.pop("kind") == "side":
         from scripts.bench_support.timing import run_side
-        res = run_side(spec)
-    else:
-        from scripts.bench_support.saved_bytes import forward_saved_bytes
-        res = forward_saved_bytes(spec["args"], spec["pool"])
-    print("RESULT " + json.dumps(res), flush=True)
+        return run_side(spec)
+    from scripts.bench_support.saved_bytes import forward_saved_bytes
+    return forward_saved_bytes(spec["args"], spec["pool"])
 
 
 def quartiles(xs):
@@ -197,7 +178,7 @@ def timed_rounds(a, sides, spec_for, rounds: int, threads):
     for r in range(rounds):
         for side in sides:
             t0 = time.perf_counter()
-            out[side].append(run_child("side", spec_for(side, r), a.repo, threads))
+            out[side].append(run_child("side", spec_for(side, r), a, threads))
             print(f"  round {r + 1}/{rounds} {side}: {time.perf_counter() - t0:.0f} s", flush=True)
     return out
 
@@ -433,7 +414,7 @@ def activation_bytes(a) -> dict:
                 args = train_args_for(a, data_bin, side, "fp32", shape, a.layers, extra)
                 if side == "ls" and a.ls_attention != "auto":  # ls's attention as on a GPU
                     args = [*args, "--ls-attention", a.ls_attention]
-                row[side] = run_child("act", {"args": args, "pool": pool_path}, a.repo, a.threads)
+                row[side] = run_child("act", {"args": args, "pool": pool_path}, a, a.threads)
                 r = row[side]
                 print(f"{size:<11}{label:>11} {side:<10}{r['bytes'] / 2**20:>11.1f}{r['storages']:>10}"
                       f"{r['from_ctx_attributes'] / 2**20:>14.1f}{'x'.join(map(str, r['batch'])):>12}", flush=True)
@@ -671,7 +652,7 @@ def parse_args(argv=None):
                    help="--activation-bytes: ls attention path; sdpa = the GPU's (torch's fused attention, "
                         "as fairseq's side runs it on the CPU too), auto = the device's (explicit on CPU)")
     p.add_argument("--json", help="write the results here")
-    p.add_argument("--_child", nargs=2, help=argparse.SUPPRESS)
+    p.add_argument("--_child", help=argparse.SUPPRESS)
     check_args.add(p)
     a = p.parse_args(argv)
     if a._child:
@@ -774,12 +755,10 @@ def packed_args(p, a):
 def main(argv=None):
     a = parse_args(argv)
     if a._child:
-        spec = json.loads(a._child[1])
-        use_tree(spec.pop("repo"))
-        child_main(a._child[0], spec)
+        children.serve(child, a._child)
         return
     check_args.finish(a, "benchmark.py")
-    use_tree(a.repo)
+    children.use_tree(a.repo)
     import logging
     import warnings
     logging.disable(logging.WARNING)  # fairseq's INFO lines

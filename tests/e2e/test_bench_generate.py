@@ -3,7 +3,8 @@ decode the same sentences through fairseq-generate's path, sides in turns. The s
 (tiny model, shared CPU); what is checked is the method and the output schema: both sides decode
 every sentence of every round to the fixed length, the ratios are the ones the batch times give, the
 machine is recorded. The script's parent runs in the test process (support.inprocess); its children,
-one process per side and round, are processes as always. Marked `e2e`."""
+one process per side and round, are forked as on every CPU run (bench_support/children.py). Marked
+`e2e`."""
 import json
 import statistics
 import sys

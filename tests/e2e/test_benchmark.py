@@ -5,7 +5,8 @@ tiny Multi30k-shaped corpus written by the test. The numbers are not judged (tin
 is the method: every side trains on the identical step list, the reported ratios are the ones the
 per-step times give, MFU uses the given peak and the family's FLOPs. The benchmark's parent (its
 parser, the pools, the summary) runs in the test process (support.inprocess); its children, one process
-per side and round, are processes as always. Marked `e2e`."""
+per side and round, are forked as on every CPU run (bench_support/children.py; a new interpreter per
+child, the CUDA way, is checked on a failing child). Marked `e2e`."""
 import json
 import statistics
 import sys
@@ -108,12 +109,14 @@ def lm_cache(tmp_path_factory):
 
 
 def test_lm_throughput_sides_train_on_the_same_blocks(tmp_path, lm_cache):
-    # one round per side: the split of the step list into rounds is checked on translation
+    # one round per side: the split of the step list into rounds is checked on translation. Two threads:
+    # the forked children (bench_support/children.py) take the count asked for, and OpenMP works in them.
     res, log = bench(tmp_path, "lm_tp", *LM_CORPUS, "--layers", "1", "--extra", TINY_LM, "--max-tokens", "256",
                      "--seq-len", "32,64", "--pool", "3", "--warmup", "1", "--steps", "4", "--rounds", "1",
-                     "--sides", "ls,fairseq", "--peak-tflops", "2.0", "--threads", "1", cache=lm_cache)
+                     "--sides", "ls,fairseq", "--peak-tflops", "2.0", "--threads", "2", cache=lm_cache)
     assert res["family"] == "lm"
     prec = res["precisions"]["fp32"]
+    assert prec["threads"] == 2
     shape = prec["model"]
     assert shape["enc_layers"] == 0 and shape["dec_layers"] == 1 and shape["embed_dim"] == 32
     assert set(prec["shapes"]) == {"256@T32", "256@T64"}
@@ -256,3 +259,13 @@ def test_packed_mode_times_packed_padded_and_fairseq_on_real_batches(tmp_path):
 def test_packed_mode_names_a_missing_corpus(tmp_path):
     rc, out = benchmark("--packed", "--multi30k", str(tmp_path / "none"))
     assert rc != 0 and "--multi30k" in out and "train.en.gz" in out
+
+
+@pytest.mark.parametrize("fork", [True, False])
+def test_a_failing_child_shows_its_output(fork):
+    """A child that fails (here: fairseq refuses the arguments) raises with its own output (the traceback
+    names fairseq's parser), forked or new."""
+    from scripts.bench_support import children
+    with pytest.raises(RuntimeError, match="(?s)scripts.benchmark child .*--no-such-option.*parse_args_and_arch"):
+        children.run("scripts.benchmark:child", {"kind": "act", "args": ["--no-such-option"], "pool": "none"},
+                     ROOT, threads=1, fork=fork)

@@ -289,7 +289,7 @@ def test_the_version_is_written_once():
 
 def test_the_benchmark_scripts_are_a_package_reached_without_path_inserts():
     """scripts/ is a package (`python -m scripts.NAME`); sys.path is changed only to select the tree a
-    benchmark measures (benchmark.use_tree, --repo) and by the two checkpoint tools that also run as files."""
+    benchmark measures (bench_support/children.use_tree, --repo) and by the two checkpoint tools that also run as files."""
     assert os.path.isfile(os.path.join(REPO, "scripts", "__init__.py"))
     found = []
     for path in sorted(glob.glob(os.path.join(REPO, "scripts", "**", "*.py"), recursive=True)):
@@ -299,6 +299,6 @@ def test_the_benchmark_scripts_are_a_package_reached_without_path_inserts():
                 found.append(f"{rel}:{n}")
             if re.match(r"\s*(from|import) (bench_support|benchmark|bench_\w+|convert_checkpoint)\b", line):
                 found.append(f"{rel}:{n}: {line.strip()}")
-    allowed = {"scripts/convert_checkpoint.py", "scripts/average_checkpoints.py", "scripts/benchmark.py"}
+    allowed = {"scripts/convert_checkpoint.py", "scripts/average_checkpoints.py", "scripts/bench_support/children.py"}
     assert [f for f in found if f.split(":")[0] not in allowed] == []
-    assert len([f for f in found if f.startswith("scripts/benchmark.py")]) == 1  # use_tree
+    assert len([f for f in found if f.startswith("scripts/bench_support/children.py")]) == 1  # use_tree
