@@ -16,7 +16,6 @@ import argparse
 import json
 import math
 import statistics
-import sys
 import time
 import os
 

@@ -7,8 +7,6 @@ d=1024/ffn=4096: ~210M fp32 params in 257 tensors). On CPU the default is a smal
     python -m scripts.bench_optimizer [--device cpu|cuda] [--layers N] [--vocab V] [--repeat R]
 """
 import argparse
-import os
-import sys
 import time
 
 import torch

@@ -22,7 +22,6 @@ Set OMP_NUM_THREADS to the threads each process may use.
 import argparse
 import hashlib
 import json
-import math
 import os
 import re
 import shutil

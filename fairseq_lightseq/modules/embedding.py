@@ -9,7 +9,6 @@ This module only looks up the position table and calls the fused op, producing t
 """
 from typing import Optional, Union
 
-import torch
 from torch import Tensor, nn
 
 from fairseq import utils

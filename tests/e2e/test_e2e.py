@@ -8,7 +8,6 @@ import re
 import pytest
 import sacrebleu
 
-from support import ROOT
 from support.cli import USER_DIR, generate, make_data_bin, run
 
 pytestmark = pytest.mark.e2e

@@ -3,9 +3,9 @@ kernels against the reference (fairseq_lightseq/ops/reference/attention.py), for
 import pytest
 import torch
 
-from support.tensors import DEVICE_DTYPES, HAS_CUDA, assert_close, randn
+from support.tensors import DEVICE_DTYPES, assert_close, randn
 from fairseq_lightseq import ops
-from fairseq_lightseq.ops import _backend, reference
+from fairseq_lightseq.ops import reference
 from fairseq_lightseq.ops.attention import (AttentionSoftmaxDropoutFunction, MergeHeadsFunction,
                                             QkvBiasSplitFunction)
 from fairseq_lightseq.ops.reference.philox import keep_mask

@@ -7,7 +7,7 @@ import torch
 from support.packing import packed_rows, padding_mask
 from support.tensors import DEVICE_DTYPES, assert_close, assert_same_or_close, randn
 from fairseq_lightseq import ops
-from fairseq_lightseq.ops import _backend, dropout_stream, reference
+from fairseq_lightseq.ops import dropout_stream, reference
 from fairseq_lightseq.ops.dropout import BiasActDropoutFunction, BiasDropoutResidualFunction
 
 SHAPES = [(1, 7), (3, 129), (4097, 7), (1, 1024), (3, 1024), (4097, 129), (2, 5, 129)]

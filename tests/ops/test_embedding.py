@@ -10,7 +10,7 @@ import torch
 from support.packing import packed_rows, padding_mask
 from support.tensors import DEVICE_DTYPES, HAS_CUDA, assert_close, assert_same_or_close, randn
 from fairseq_lightseq import ops
-from fairseq_lightseq.ops import _backend, dropout_stream, reference
+from fairseq_lightseq.ops import dropout_stream, reference
 from fairseq_lightseq.ops.embedding import EmbeddingFunction
 
 PAD = 1
