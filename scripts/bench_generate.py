@@ -41,9 +41,8 @@ import time
 
 from scripts.bench_support import check_args, children
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # this checkout (scripts/ is its package)
 SIDES = ("ls", "native")
-# The demo's model (fairseq_lightseq/demo/__main__.py), the one the 1000-sentence figures decode.
+# The demo's model (fairseq_lightseq/demo/__main__.py), the one the decoding rows of results.csv decode.
 DEMO_WIDTHS = ("--encoder-layers 2 --decoder-layers 2 --encoder-embed-dim 128 --decoder-embed-dim 128 "
                "--encoder-ffn-embed-dim 256 --decoder-ffn-embed-dim 256 --encoder-attention-heads 4 "
                "--decoder-attention-heads 4 --dropout 0.1")
@@ -190,8 +189,6 @@ def summarize(runs: dict) -> dict:
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
-    p.add_argument("--repo", default=ROOT, help="the checkout whose fairseq_lightseq is benchmarked "
-                   "(default: the one holding this script)")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="default: %(default)s")
     p.add_argument("--data-bin", help="a translation data-bin with a joined dictionary (default: the synthetic "
                    "corpus, --sentences pairs, decoded as its train split)")
@@ -217,14 +214,10 @@ def parse_args(argv=None):
                    "many batches per side, the top ops by self CPU time")
     p.add_argument("--extra", default="", help="more fairseq-generate arguments for both sides, quoted")
     p.add_argument("--json", help="write the results here")
-    p.add_argument("--_child", help=argparse.SUPPRESS)
-    check_args.add(p)
-    a = p.parse_args(argv)
+    children.add_args(p)
+    a = children.parse(p, argv)
     if a._child:
         return a
-    a.repo = os.path.abspath(a.repo)
-    if not os.path.isdir(os.path.join(a.repo, "fairseq_lightseq")):
-        p.error(f"--repo {a.repo}: no fairseq_lightseq/ there")
     if a.path and not a.data_bin:
         p.error("--path needs the --data-bin it was trained on")
     for name, val, lo in (("--rounds", a.rounds, 1), ("--warmup", a.warmup, 0), ("--beam", a.beam, 1),

@@ -28,8 +28,8 @@ Per cell (mode, P, T), two measurements:
   Cells over the budget say "skipped (memory)". Estimate: 2 x parameter bytes + 1.5 x fake saved bytes.
 Saved bytes: every storage autograd keeps for backward, counted once (bench_support/saved_bytes.py),
 parameters excluded. Bytes sent (per direction; forward = backward): the counters of
-fairseq_lightseq.sequence_parallel.collectives, checked against the volumes of the issue
-(bench_support/sp_cells.expected_bytes) for the whole model.
+fairseq_lightseq.sequence_parallel.collectives, checked against the volume formulas
+(bench_support/sp_cells.expected_bytes, docs/usage.md) for the whole model.
 
 --attention sdpa runs torch's fused attention on the CPU too (the model's --ls-attention sdpa: nothing T x T
 kept for backward; the dropout then draws from torch's generator). The model is built with its family's

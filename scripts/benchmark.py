@@ -598,8 +598,6 @@ def parse_args(argv=None):
     p.add_argument("--sweep-pads", type=lambda s: [float(x) for x in s.split(",")],
                    default=[0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6],
                    help="--packed sweep: padding shares of the B x T positions (default: 0,0.1,...,0.6)")
-    p.add_argument("--repo", default=ROOT, help="the checkout whose fairseq_lightseq is benchmarked "
-                   "(default: the one holding this script)")
     p.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda if available, else cpu")
     p.add_argument("--data-bin", help="any fairseq data-bin of the family's task (translation: a joined "
                    "dictionary; lm, roberta: one dict.txt, without <mask>) (default: the family's synthetic corpus)")
@@ -652,14 +650,10 @@ def parse_args(argv=None):
                    help="--activation-bytes: ls attention path; sdpa = the GPU's (torch's fused attention, "
                         "as fairseq's side runs it on the CPU too), auto = the device's (explicit on CPU)")
     p.add_argument("--json", help="write the results here")
-    p.add_argument("--_child", help=argparse.SUPPRESS)
-    check_args.add(p)
-    a = p.parse_args(argv)
+    children.add_args(p)
+    a = children.parse(p, argv)
     if a._child:
         return a
-    a.repo = os.path.abspath(a.repo)
-    if not os.path.isdir(os.path.join(a.repo, "fairseq_lightseq")):
-        p.error(f"--repo {a.repo}: no fairseq_lightseq/ there")
     if a.device is None:
         import torch
         a.device = "cuda" if torch.cuda.is_available() else "cpu"

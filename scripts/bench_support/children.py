@@ -20,6 +20,7 @@ thread pool started):
   whose environment sets OMP_NUM_THREADS sets torch's count to it (its OpenMP read the server's
   environment when torch loaded, so the variable alone would not act).
 """
+import argparse
 import atexit
 import importlib
 import json
@@ -29,6 +30,8 @@ import subprocess
 import sys
 import tempfile
 import traceback
+
+from scripts.bench_support import check_args
 
 SCRIPTS_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # holds scripts/
 PRELOAD = ["torch", "torch._dynamo", "fairseq", "fairseq.options", "fairseq_cli.train"]
@@ -85,6 +88,26 @@ def _fork(request: dict) -> int:
     if not answer:
         raise RuntimeError(f"the benchmark fork server ended (exit {_server.wait()})")
     return int(answer)
+
+
+def add_args(p) -> None:
+    """The options of a script that runs children: --repo (the tree benchmarked) and the hidden --_child."""
+    p.add_argument("--repo", default=SCRIPTS_ROOT, help="the checkout whose fairseq_lightseq is benchmarked "
+                   "(default: the one holding this script)")
+    p.add_argument("--_child", help=argparse.SUPPRESS)
+
+
+def parse(p, argv):
+    """p.parse_args(argv) with --check-args (check_args.py) added; a child's arguments are returned as they
+    are, a parent's --repo made absolute and checked."""
+    check_args.add(p)
+    a = p.parse_args(argv)
+    if a._child:
+        return a
+    a.repo = os.path.abspath(a.repo)
+    if not os.path.isdir(os.path.join(a.repo, "fairseq_lightseq")):
+        p.error(f"--repo {a.repo}: no fairseq_lightseq/ there")
+    return a
 
 
 def use_tree(repo: str) -> None:

@@ -6,8 +6,8 @@ nothing; collectives.py still counts the bytes a real group would send).
   fairseq_lightseq/models/families.py's table, e.g. ls_transformer_lm_gpt2_small; fairseq's build_model with the
   family's fairseq task, a Dictionary of cfg's vocab) and its family's criterion, all dropouts as given;
 - `sample(...)`: B full-length sentences of S = T random tokens (a language model: B blocks of T);
-- `expected_bytes(...)`: the bytes one rank sends per direction (forward = backward), from the issue's
-  per-layer volumes;
+- `expected_bytes(...)`: the bytes one rank sends per direction (forward = backward), from the
+  per-layer volume formulas (docs/usage.md);
 - `fake_cell(...)`: saved bytes and bytes sent under torch's FakeTensorMode (shapes only: no memory,
   no compute), `real_cell(...)`: the same measured on real tensors, plus CUDA peak memory and
   forward+backward time.
@@ -118,7 +118,7 @@ def sample(task, B: int, T: int, device, seed: int = 1, decoder_only: bool = Fal
 
 def expected_bytes(mode: str, P: int, S: int, T: int, B: int, E: int, enc_layers: int, dec_layers: int,
                    elem: int, decoder_only: bool = False) -> dict:
-    """Bytes rank 0 sends in one forward (the backward sends the same), by the issue's volumes, with
+    """Bytes rank 0 sends in one forward (the backward sends the same), by the volume formulas, with
     Ns = S_pad * B and Nt = T_pad * B rows (S, T padded up to multiples of P) and width E:
 
         ulysses    per encoder layer 4 Ns E (P-1)/P^2 (self-attention: packed q/k/v, then the output);

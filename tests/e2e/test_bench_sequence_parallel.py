@@ -1,7 +1,7 @@
 """scripts/bench_sequence_parallel.py run tiny through its command line (1 layer, width 32, 4 heads;
 T = S in {16, 33}, P in {1, 2, 4}, both modes), for translation and for the language model (--arch
-ls_transformer_lm): the JSON has every cell; the bytes rank 0 sends per direction equal the issue's
-volumes for the whole model (recomputed here from the per-layer table); a rank of P = 2 and 4 keeps
+ls_transformer_lm): the JSON has every cell; the bytes rank 0 sends per direction equal the
+volume formulas for the whole model (recomputed here from the per-layer table); a rank of P = 2 and 4 keeps
 fewer bytes for backward than one process; the fake-tensor count agrees with the real one; --arch
 takes its widths from fairseq's arch function; --gloo runs 2 real processes. Times are not judged (a
 shared CPU). The script runs in the test process (support.inprocess), but for --gloo, which starts

@@ -5,7 +5,7 @@ fairseq's data-buffer thread (a daemon BackgroundConsumer) still collating a bat
 finalises aborts the process with "terminate called without an active exception" (exit 134).
 `--max-valid-steps 0` with a validation set of 12 batches of 500 sentences leaves it collating on
 every run: without the plugin's exit hook fairseq-train aborts there every time (native fairseq
-too); the issue's own command (--disable-validation, --max-update 5 in epoch 3) hits it by timing.
+too); a plain short run (--disable-validation, --max-update 5, ending in epoch 3) hits it by timing.
 """
 import pytest
 
@@ -16,7 +16,7 @@ pytestmark = pytest.mark.e2e
 COMMON = ["--lr", "5e-4", "--max-tokens", "2000"]
 # Stops validation after its first batch, with 11 more to collate (buffer 10): the thread is busy.
 BUSY_BUFFER = ["--max-update", "1", "--batch-size-valid", "500", "--max-valid-steps", "0"]
-ISSUE = ["--no-save", "--disable-validation", "--max-update", "5"]
+SHORT_RUN = ["--no-save", "--disable-validation", "--max-update", "5"]
 
 
 @pytest.fixture(scope="module")
@@ -26,7 +26,7 @@ def corpus(tmp_path_factory):
 
 def test_consecutive_runs_exit_0(corpus):
     """Each busy-buffer command once (it aborts on every run without the hook, so a repeat adds
-    nothing), the issue's command once per model, and fairseq-generate on the saved checkpoint once
+    nothing), the short run once per model, and fairseq-generate on the saved checkpoint once
     (its one-batch test set is read to the end: no thread is left collating)."""
     d = corpus
     def fairseq_train(*args):
@@ -35,8 +35,8 @@ def test_consecutive_runs_exit_0(corpus):
     runs = [
         ("ls, busy buffer, save", lambda: fairseq_train(*LS, *COMMON, *BUSY_BUFFER, "--save-dir", "ckpt",
                                                         "--no-epoch-checkpoints")),
-        ("issue command, transformer", lambda: fairseq_train(*NATIVE, *COMMON, *ISSUE)),
-        ("issue command, ls", lambda: fairseq_train(*LS, *COMMON, *ISSUE)),
+        ("short run, transformer", lambda: fairseq_train(*NATIVE, *COMMON, *SHORT_RUN)),
+        ("short run, ls", lambda: fairseq_train(*LS, *COMMON, *SHORT_RUN)),
         ("transformer, busy buffer", lambda: fairseq_train(*NATIVE, *COMMON, *BUSY_BUFFER, "--no-save")),
         ("ls, busy buffer", lambda: fairseq_train(*LS, *COMMON, *BUSY_BUFFER, "--no-save")),
         ("generate", lambda: generate(d, "ckpt/checkpoint_last.pt", check=False, process=True)[:2]),

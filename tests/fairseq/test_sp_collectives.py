@@ -2,7 +2,7 @@
 
 * in 2 and 4 gloo processes (one spawn per world size runs every check): forward values against the
   one-process concatenation/split of every rank's input, gradients of sum(w * out) against the
-  routed weights, byte counts against the volumes of the issue's table, the SP groups;
+  routed weights, byte counts against the volume formulas, the SP groups;
 * in this process: P = 1 (identity), torch's fake process group (rank 0 of P: shapes and counts, as
   the benchmark uses it), refusals.
 
@@ -158,7 +158,7 @@ def check_bytes(rank, P):
         size = torch.tensor([], dtype=dtype).element_size()
         C.reset_bytes()
         NE = ulysses_layer(P, dtype, None)
-        volume = 4 * NE * (P - 1) // P**2 * size  # the 4NE(P-1)/P^2 elements
+        volume = 4 * NE * (P - 1) // P**2 * size  # 4NE(P-1)/P^2 elements (docs/usage.md)
         ex.true(dict(C.BYTES) == {("forward", "all_to_all"): volume, ("backward", "all_to_all"): volume},
                 f"ulysses {dtype}: {dict(C.BYTES)}, expected {volume} forward and backward")
         C.reset_bytes()

@@ -6,7 +6,7 @@ Over `git ls-files` (files git tracks; skipped outside a git checkout):
   times (the result data under benchmarks/runs/ is excepted: its JSON is what a script wrote);
 - no history words (this file excepted, which spells them out): "session" outside pytest's meaning of
   it (a session-scoped fixture, `scope="session"`, once per session: allowed), issue or pull-request
-  numbers;
+  numbers, "the issue's" (a text the repository does not hold);
 - benchmark results name no machine path, every run's JSON names the commit it measured, and run files
   are named after what they hold, not their history;
 - every relative link in a tracked .md file reaches a tracked file or folder, and its #anchor a heading
@@ -34,10 +34,11 @@ PYTEST_SESSION = re.compile(
     r"scope\s*=\s*[\"']session[\"']|session[- ]scoped|session[- ]wide|session fixtures?|"
     r"(?:once )?per (?:pytest |test )?session|pytest(?:'s)? session|the test session|request\.session",
     re.IGNORECASE)
-NUMBERED_REFERENCE = [
+HISTORY_REFERENCE = [
     re.compile(r"\bissues?\s*#?\d+", re.IGNORECASE),          # "issue 11", "issues #3"
     re.compile(r"\b(?:PR|pull request)\s*#?\d+", re.IGNORECASE),
     re.compile(r"(?<![\w&/#\[])#\d+\b"),                      # "#12" in prose (not &#12; or a URL's path)
+    re.compile(r"\bthe issue(?:'s|\s+text)\b", re.IGNORECASE),   # "the issue's table": not in the repository
 ]
 MACHINE_PATH = re.compile(r"(?<![\w.])/(?:work|tmp|home|root|Users)/")
 HISTORY_NAME = re.compile(r"(?:^|[-_])(?:s\d+|session\d*|merged|redraw|rerun|run\d+|rb_\w+|h\d{1,2}[a-z])(?=[-_.]|$)")
@@ -82,7 +83,7 @@ def _session_words(text):
     for lineno, line in enumerate(text.splitlines(), 1):
         allowed = [m.span() for m in PYTEST_SESSION.finditer(line)]
         if any(not any(a <= m.start() < b for a, b in allowed) for m in SESSION.finditer(line)) or any(
-                pattern.search(line) for pattern in NUMBERED_REFERENCE):
+                pattern.search(line) for pattern in HISTORY_REFERENCE):
             yield lineno, line.strip()
 
 
