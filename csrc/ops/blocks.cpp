@@ -444,6 +444,25 @@ varlen_attention_block_bwd(const Tensor& dy, const Tensor& x, const std::optiona
 
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
+using SavedData = decltype(AutogradContext::saved_data);
+
+// One dropout draw as a node keeps it: prefix + "p", "seed", "offset" ("": the residual dropout; "attn_",
+// "act_": the sublayer's own).
+void save_draw(SavedData& d, const std::string& prefix, double p, int64_t seed, int64_t offset) {
+  d[prefix + "p"] = p, d[prefix + "seed"] = seed, d[prefix + "offset"] = offset;
+}
+
+// A saved tensor back as an optional argument (undefined: std::nullopt).
+std::optional<Tensor> opt(const Tensor& t) { return t.defined() ? std::optional<Tensor>(t) : std::nullopt; }
+
+// The saved scalars read back by name in backward.
+struct Scalars {
+  const SavedData& d;
+  int64_t i(const char* key) const { return d.at(key).toInt(); }
+  double f(const char* key) const { return d.at(key).toDouble(); }
+  bool b(const char* key) const { return d.at(key).toBool(); }
+  std::string str(const char* key) const { return d.at(key).toStringRef(); }
+};
 
 struct AttentionBlockNode : public torch::autograd::Function<AttentionBlockNode> {
   static Tensor forward(AutogradContext* ctx, const Tensor& x, const std::optional<Tensor>& memory,
@@ -462,22 +481,21 @@ struct AttentionBlockNode : public torch::autograd::Function<AttentionBlockNode>
                             rstd, probs, q, k, v, merged});
     auto& d = ctx->saved_data;
     d["num_heads"] = num_heads, d["scale"] = scale, d["normalize_before"] = normalize_before, d["eps"] = eps;
-    d["attn_p"] = attn_p, d["attn_seed"] = attn_seed, d["attn_offset"] = attn_offset;
-    d["p"] = p, d["seed"] = seed, d["offset"] = offset;
+    save_draw(d, "attn_", attn_p, attn_seed, attn_offset);
+    save_draw(d, "", p, seed, offset);
     return y;
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const variable_list t = ctx->get_saved_variables();
-    const auto& d = ctx->saved_data;
-    const auto opt = [&](size_t i) { return t[i].defined() ? std::optional<Tensor>(t[i]) : std::nullopt; };
+    const Scalars d{ctx->saved_data};
     const at::AutoDispatchBelowADInplaceOrView below_autograd;
     FLS_OP(bwd, "attention_block_bwd", decltype(attention_block_bwd));
     auto [dx, dmemory, dln_w, dln_b, dwq, dbq, dwk, dbk, dwv, dbv, dwo, dbo] = bwd.call(
-        grads[0].contiguous(), t[0], opt(1), t[2], t[3], t[4], t[5], t[6], t[7], t[8], t[9], t[10], opt(11), t[12],
-        t[13], t[14], opt(15), opt(16), opt(17), opt(18), d.at("num_heads").toInt(), d.at("scale").toDouble(), d.at("normalize_before").toBool(),
-        d.at("eps").toDouble(), d.at("attn_p").toDouble(), d.at("attn_seed").toInt(), d.at("attn_offset").toInt(),
-        d.at("p").toDouble(), d.at("seed").toInt(), d.at("offset").toInt());
+        grads[0].contiguous(), t[0], opt(t[1]), t[2], t[3], t[4], t[5], t[6], t[7], t[8], t[9], t[10], opt(t[11]),
+        t[12], t[13], t[14], opt(t[15]), opt(t[16]), opt(t[17]), opt(t[18]), d.i("num_heads"), d.f("scale"),
+        d.b("normalize_before"), d.f("eps"), d.f("attn_p"), d.i("attn_seed"), d.i("attn_offset"), d.f("p"),
+        d.i("seed"), d.i("offset"));
     variable_list out = {dx, dmemory, Tensor(), dln_w, dln_b, dwq, dbq, dwk, dbk, dwv, dbv, dwo, dbo};
     out.resize(25);  // the 12 scalar arguments
     return out;
@@ -496,22 +514,21 @@ struct FeedForwardBlockNode : public torch::autograd::Function<FeedForwardBlockN
     ctx->save_for_backward({x, ln_weight, ln_bias, w1, b1, w2, pre, s, mean, rstd, rows.value_or(Tensor())});
     auto& d = ctx->saved_data;
     d["act"] = std::string(act), d["normalize_before"] = normalize_before, d["eps"] = eps;
-    d["act_p"] = act_p, d["act_seed"] = act_seed, d["act_offset"] = act_offset;
-    d["p"] = p, d["seed"] = seed, d["offset"] = offset;
+    save_draw(d, "act_", act_p, act_seed, act_offset);
+    save_draw(d, "", p, seed, offset);
     return y;
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const variable_list t = ctx->get_saved_variables();
-    const auto& d = ctx->saved_data;
-    const auto opt = [&](size_t i) { return t[i].defined() ? std::optional<Tensor>(t[i]) : std::nullopt; };
-    const std::string act = d.at("act").toStringRef();
+    const Scalars d{ctx->saved_data};
+    const std::string act = d.str("act");
     const at::AutoDispatchBelowADInplaceOrView below_autograd;
     FLS_OP(bwd, "ffn_block_bwd", decltype(ffn_block_bwd));
     auto [dx, dln_w, dln_b, dw1, db1, dw2, db2] = bwd.call(
-        grads[0].contiguous(), t[0], t[1], t[2], t[3], t[4], t[5], t[6], opt(7), t[8], t[9], act,
-        d.at("normalize_before").toBool(), d.at("eps").toDouble(), d.at("act_p").toDouble(), d.at("act_seed").toInt(),
-        d.at("act_offset").toInt(), d.at("p").toDouble(), d.at("seed").toInt(), d.at("offset").toInt(), opt(10));
+        grads[0].contiguous(), t[0], t[1], t[2], t[3], t[4], t[5], t[6], opt(t[7]), t[8], t[9], act,
+        d.b("normalize_before"), d.f("eps"), d.f("act_p"), d.i("act_seed"), d.i("act_offset"), d.f("p"), d.i("seed"),
+        d.i("offset"), opt(t[10]));
     variable_list out = {dx, dln_w, dln_b, dw1, db1, dw2, db2};
     out.resize(17);  // the 9 scalar arguments and the row map
     return out;
@@ -544,25 +561,23 @@ struct VarlenAttentionBlockNode : public torch::autograd::Function<VarlenAttenti
     auto& d = ctx->saved_data;
     d["num_heads"] = num_heads, d["max_q"] = max_q, d["max_k"] = max_k, d["padded_q"] = padded_q;
     d["padded_k"] = padded_k, d["scale"] = scale, d["causal"] = causal, d["normalize_before"] = normalize_before;
-    d["eps"] = eps, d["attn_p"] = attn_p, d["attn_seed"] = attn_seed, d["attn_offset"] = attn_offset;
-    d["p"] = p, d["seed"] = seed, d["offset"] = offset;
+    d["eps"] = eps;
+    save_draw(d, "attn_", attn_p, attn_seed, attn_offset);
+    save_draw(d, "", p, seed, offset);
     return y;
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const variable_list t = ctx->get_saved_variables();
-    const auto& d = ctx->saved_data;
-    const auto opt = [&](size_t i) { return t[i].defined() ? std::optional<Tensor>(t[i]) : std::nullopt; };
-    const auto i = [&](const char* key) { return d.at(key).toInt(); };
-    const auto f = [&](const char* key) { return d.at(key).toDouble(); };
+    const Scalars d{ctx->saved_data};
     const at::AutoDispatchBelowADInplaceOrView below_autograd;
     FLS_OP(bwd, "varlen_attention_block_bwd", decltype(varlen_attention_block_bwd));
     auto [dx, dmemory, dln_w, dln_b, dwq, dbq, dwk, dbk, dwv, dbv, dwo, dbo] = bwd.call(
-        grads[0].contiguous(), t[0], opt(1), t[2], t[3], opt(4), opt(5), t[6], t[7], t[8], t[9], t[10], t[11], t[12],
-        t[13], t[14], opt(15), t[16], t[17], opt(18), opt(19), opt(20), opt(21), opt(22), i("num_heads"), i("max_q"),
-        i("max_k"), i("padded_q"), i("padded_k"), f("scale"), d.at("causal").toBool(),
-        d.at("normalize_before").toBool(), f("eps"), f("attn_p"), i("attn_seed"), i("attn_offset"), f("p"), i("seed"),
-        i("offset"));
+        grads[0].contiguous(), t[0], opt(t[1]), t[2], t[3], opt(t[4]), opt(t[5]), t[6], t[7], t[8], t[9], t[10],
+        t[11], t[12], t[13], t[14], opt(t[15]), t[16], t[17], opt(t[18]), opt(t[19]), opt(t[20]), opt(t[21]),
+        opt(t[22]), d.i("num_heads"), d.i("max_q"), d.i("max_k"), d.i("padded_q"), d.i("padded_k"), d.f("scale"),
+        d.b("causal"), d.b("normalize_before"), d.f("eps"), d.f("attn_p"), d.i("attn_seed"), d.i("attn_offset"),
+        d.f("p"), d.i("seed"), d.i("offset"));
     variable_list out = {dx, dmemory, Tensor(), Tensor(), Tensor(), Tensor(), dln_w, dln_b, dwq, dbq, dwk, dbk, dwv,
                          dbv, dwo, dbo};
     out.resize(32);  // the 16 scalar arguments
@@ -643,24 +658,25 @@ struct SdpaAttentionBlockNode : public torch::autograd::Function<SdpaAttentionBl
     auto& d = ctx->saved_data;
     if (!recompute) d["o"] = o, d["qs"] = qs, d["ks"] = ks, d["vs"] = vs;
     d["num_heads"] = num_heads, d["scale"] = scale, d["causal"] = causal, d["normalize_before"] = normalize_before;
-    d["eps"] = eps, d["p"] = p, d["seed"] = seed, d["offset"] = offset;
+    d["eps"] = eps;
+    save_draw(d, "", p, seed, offset);
     return y;
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const variable_list t = ctx->get_saved_variables();
     auto& d = ctx->saved_data;
+    const Scalars sc{d};
     const Tensor &x = t[0], &ln_weight = t[2], &ln_bias = t[3], &wq = t[4], &wk = t[6], &wv = t[8], &wo = t[10];
-    const std::optional<Tensor> memory = t[1].defined() ? std::optional<Tensor>(t[1]) : std::nullopt;
-    const int64_t Tq = x.size(0), B = x.size(1), E = x.size(2), H = d.at("num_heads").toInt(), hd = E / H;
-    const bool pre_ln = d.at("normalize_before").toBool();
+    const std::optional<Tensor> memory = opt(t[1]);
+    const int64_t Tq = x.size(0), B = x.size(1), E = x.size(2), H = sc.i("num_heads"), hd = E / H;
+    const bool pre_ln = sc.b("normalize_before");
     Tensor ds, dln_w, dln_b, dout, dbo, h, dctx;
     {
       const at::AutoDispatchBelowADInplaceOrView below_autograd;
-      h = norm_bwd_start(grads[0].contiguous(), x, t[11], ln_weight, ln_bias, t[12], t[13], pre_ln,
-                         d.at("eps").toDouble(), ds, dln_w, dln_b);
-      std::tie(dout, dbo) =
-          bdr_bwd(ds, d.at("p").toDouble(), d.at("seed").toInt(), d.at("offset").toInt(), std::nullopt);
+      h = norm_bwd_start(grads[0].contiguous(), x, t[11], ln_weight, ln_bias, t[12], t[13], pre_ln, sc.f("eps"), ds,
+                         dln_w, dln_b);
+      std::tie(dout, dbo) = bdr_bwd(ds, sc.f("p"), sc.i("seed"), sc.i("offset"), std::nullopt);
       // [Tq, B, H, hd] as SDPA's [B, H, Tq, hd]
       dctx = at::mm(dout.view({Tq * B, E}), wo).view({Tq, B, H, hd}).permute({1, 2, 0, 3}).contiguous();
     }
@@ -678,9 +694,9 @@ struct SdpaAttentionBlockNode : public torch::autograd::Function<SdpaAttentionBl
       qs = q.view({B, H, Tq, hd}).detach().requires_grad_();
       ks = k.view({B, H, Tk, hd}).detach().requires_grad_();
       vs = v.view({B, H, Tk, hd}).detach().requires_grad_();
-      const std::optional<Tensor> kpm = t[14].defined() ? std::optional<Tensor>(t[14]) : std::nullopt;
-      const auto [mask, is_causal] = sdpa_mask(kpm, d.at("causal").toBool(), Tq, Tk);
-      o = at::scaled_dot_product_attention(qs, ks, vs, mask, 0.0, is_causal, d.at("scale").toDouble());
+      const std::optional<Tensor> kpm = opt(t[14]);
+      const auto [mask, is_causal] = sdpa_mask(kpm, sc.b("causal"), Tq, Tk);
+      o = at::scaled_dot_product_attention(qs, ks, vs, mask, 0.0, is_causal, sc.f("scale"));
     }
     // retain_graph: a second backward through the outer graph (retain_graph there) needs SDPA's graph
     // again; it is freed with this node.
