@@ -18,6 +18,8 @@ import os
 import sys
 from typing import Optional
 
+from torch.multiprocessing import ProcessRaisedException
+
 from ..errors import Refusal
 from .wrap import replace
 
@@ -40,7 +42,7 @@ def refusal_message(exc: BaseException) -> Optional[str]:
     torch.multiprocessing.spawn started (its ProcessRaisedException); else None."""
     if isinstance(exc, Refusal):
         return str(exc)
-    if type(exc).__name__ != "ProcessRaisedException":
+    if not isinstance(exc, ProcessRaisedException):
         return None
     lines = [line for line in str(exc).splitlines() if line.strip()]
     name, sep, message = (lines[-1] if lines else "").partition(": ")

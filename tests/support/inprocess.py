@@ -27,7 +27,6 @@ import os
 import random
 import runpy
 import sys
-import traceback
 import warnings
 
 import numpy as np
@@ -117,8 +116,9 @@ def _process_state(argv, cwd, extra_env):
 
 def call(cmd, cwd, **extra_env):
     """Runs `cmd` (see `entry_point`) in this process in directory `cwd`; returns (exit status, stdout
-    and stderr as one text). An exception escaping the tool is printed as Python prints it at exit
-    (traceback, last line `module.Error: message`) and gives status 1; SystemExit gives its code."""
+    and stderr as one text). An exception escaping the tool is printed as Python prints it at exit, by
+    sys.excepthook (a traceback, last line `module.Error: message`; the plugin's refusals: `PROG: error:
+    message` alone, patches/refusal_exit.py) and gives status 1; SystemExit gives its code."""
     rc, out, _ = _call(cmd, cwd, extra_env, split=False)
     return rc, out
 
@@ -151,8 +151,8 @@ def _call(cmd, cwd, extra_env, split):
             rc = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
             if not isinstance(e.code, (int, type(None))):
                 print(e.code, file=sys.stderr)
-        except Exception:  # noqa: BLE001  (what the interpreter would print and exit 1 on)
-            traceback.print_exc()
+        except Exception:  # noqa: BLE001  (what the interpreter would print, by sys.excepthook, and exit 1 on)
+            sys.excepthook(*sys.exc_info())
             rc = 1
         finally:
             from fairseq_lightseq.patches.clean_exit import stop_data_buffer_threads
