@@ -14,7 +14,8 @@ INFO, into the captured output) and logging's global switch-off (`logging.disabl
 benchmark sets to quiet fairseq), the best validation score fairseq keeps on its functions, and
 fairseq's data-buffer threads (stopped after the call, as the plugin's exit hook stops them at a
 process's exit), torch.distributed's default process group (one the call leaves initialised, e.g. the
-fake group of bench_sequence_parallel's grid, is destroyed: a fresh process has none).
+fake group of bench_sequence_parallel's grid, is destroyed: a fresh process has none) and sys.excepthook
+(which initialising a process group wraps).
 
 Not for what only a process shows: a run without --user-dir (the plugin, once imported, patches
 fairseq for the whole test process), exit at interpreter shutdown, signals, several ranks, torchrun.
@@ -83,6 +84,7 @@ def _process_state(argv, cwd, extra_env):
     root = logging.getLogger()
     handlers, level, disabled = root.handlers[:], root.level, logging.root.manager.disable
     had_group = torch.distributed.is_available() and torch.distributed.is_initialized()
+    hook = sys.excepthook  # torch.distributed's init_process_group wraps it (a "[rankR]: " prefix per line)
     try:
         _forget_best()
         os.chdir(cwd)
@@ -99,6 +101,7 @@ def _process_state(argv, cwd, extra_env):
     finally:
         os.chdir(saved_cwd)
         sys.argv = saved_argv
+        sys.excepthook = hook
         sys.path[:] = saved_path
         os.environ.clear()
         os.environ.update(saved_env)
