@@ -4,8 +4,9 @@ two ranks started as SLURM or a hand launch would (--distributed-init-method tcp
 --distributed-rank, --distributed-no-spawn), and a `torchrun --nproc_per_node 2` launch.
 
 2 ranks x --max-tokens 400 draw the same batches per update as 1 process with --update-freq 2 (fairseq
-hands out the batches round-robin; no dropout), so the logged losses must match up to float summation
-order. Marked `e2e`."""
+hands out the batches round-robin), so without dropout the logged losses must match up to float summation
+order. (With dropout rank 1 draws other masks than the single process's second micro-batch: fairseq seeds
+per update, not per micro-batch; docs/usage.md, "Many GPUs".) Marked `e2e`."""
 import os
 import sys
 
