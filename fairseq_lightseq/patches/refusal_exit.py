@@ -49,19 +49,21 @@ def refusal_message(exc: BaseException) -> Optional[str]:
     return message if sep and name in _refusal_names() else None
 
 
-def _hook(exc_type, exc, tb):
+def excepthook(exc_type, exc, tb):
+    """sys.excepthook with the plugin: `PROG: error: MESSAGE` for a refusal (refusal_message), the previous
+    hook's output for anything else."""
     message = refusal_message(exc)
     if message is None:
-        return getattr(_hook, PREVIOUS)(exc_type, exc, tb)
+        return getattr(excepthook, PREVIOUS)(exc_type, exc, tb)
     prog = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "python"
     sys.stderr.write(f"{prog}: error: {message}\n")
     sys.stderr.flush()
 
 
 def install() -> None:
-    """Puts the refusal-aware hook in sys.excepthook, keeping the one there for everything else
-    (idempotent)."""
-    if sys.excepthook is _hook:
+    """Puts `excepthook` in sys.excepthook, keeping the one there for everything else (idempotent: once
+    installed, a hook put in place since, such as torch.distributed's rank prefix, calls this one)."""
+    if hasattr(excepthook, PREVIOUS):
         return
-    setattr(_hook, PREVIOUS, sys.excepthook)
-    replace(sys, "excepthook", _hook)
+    setattr(excepthook, PREVIOUS, sys.excepthook)
+    replace(sys, "excepthook", excepthook)

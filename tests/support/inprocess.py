@@ -15,7 +15,7 @@ benchmark sets to quiet fairseq), the best validation score fairseq keeps on its
 fairseq's data-buffer threads (stopped after the call, as the plugin's exit hook stops them at a
 process's exit), torch.distributed's default process group (one the call leaves initialised, e.g. the
 fake group of bench_sequence_parallel's grid, is destroyed: a fresh process has none) and sys.excepthook
-(which initialising a process group wraps).
+(a fresh process's, the plugin's: a process group initialised in the test process wraps it).
 
 Not for what only a process shows: a run without --user-dir (the plugin, once imported, patches
 fairseq for the whole test process), exit at interpreter shutdown, signals, several ranks, torchrun.
@@ -32,6 +32,8 @@ import warnings
 
 import numpy as np
 import torch
+
+from fairseq_lightseq.patches import refusal_exit
 
 # console script -> the module whose cli_main it calls
 IN_PROCESS = {"fairseq-train": "fairseq_cli.train", "fairseq-generate": "fairseq_cli.generate",
@@ -86,6 +88,7 @@ def _process_state(argv, cwd, extra_env):
     had_group = torch.distributed.is_available() and torch.distributed.is_initialized()
     hook = sys.excepthook  # torch.distributed's init_process_group wraps it (a "[rankR]: " prefix per line)
     try:
+        sys.excepthook = refusal_exit.excepthook  # a fresh process's, with the plugin
         _forget_best()
         os.chdir(cwd)
         sys.argv = list(argv)
