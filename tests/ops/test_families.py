@@ -269,15 +269,23 @@ def test_every_patch_goes_through_the_wrap_helper():
     assert direct == []
     names = [module.rsplit(".", 1)[1] for module, _ in patches.ORDER]
     assert names == ["requirements", "numpy_compat", "safety", "checkpoint_io", "cli_config", "cpu_ddp", "clean_exit",
-                     "refusal_exit"]
-    patched = {key: getattr(importlib.import_module(key.rsplit(".", 1)[0]), key.rsplit(".", 1)[1])
-               for key in wrap.PATCHED}
+                     "refusal_exit", "batch_seeds"]
+
+    def resolve(key):  # "module.name" or "module.Class.name"
+        module, name = key.rsplit(".", 1)
+        try:
+            return getattr(importlib.import_module(module), name)
+        except ModuleNotFoundError:
+            module, cls = module.rsplit(".", 1)
+            return getattr(getattr(importlib.import_module(module), cls), name)
+
+    patched = {key: resolve(key) for key in wrap.PATCHED}
     patches.install()  # a second install changes nothing
-    assert {key: getattr(importlib.import_module(key.rsplit(".", 1)[0]), key.rsplit(".", 1)[1])
-            for key in wrap.PATCHED} == patched
+    assert {key: resolve(key) for key in wrap.PATCHED} == patched
     assert {"fairseq.checkpoint_utils.load_checkpoint_to_cpu", "fairseq.checkpoint_utils.torch_persistent_save",
             "fairseq.checkpoint_utils.PathManager", "fairseq.distributed.utils.call_main",
-            "fairseq.models.distributed_fairseq_model.DistributedDataParallel", "sys.excepthook"} <= set(wrap.PATCHED)
+            "fairseq.models.distributed_fairseq_model.DistributedDataParallel", "sys.excepthook",
+            "fairseq.trainer.Trainer.train_step"} <= set(wrap.PATCHED)
 
 
 def test_the_version_is_written_once():
