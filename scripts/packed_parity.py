@@ -89,7 +89,8 @@ def main(argv=None):
     p.add_argument("--multi30k", required=True, help="the folder of Multi30k's train.en.gz and train.de.gz")
     p.add_argument("--pairs", type=int, default=4000, help="how many sentence pairs to train on (default 4000)")
     p.add_argument("--updates", type=int, default=300, help="updates per run (default 300)")
-    p.add_argument("--activations", nargs="+", default=["relu", "gelu"], help="--activation-fn values (default relu gelu)")
+    p.add_argument("--activations", nargs="+", default=["relu", "gelu"],
+                   help="--activation-fn values (default relu gelu)")
     p.add_argument("--json", help="write the results here")
     a = p.parse_args(argv)
     corpus = multi30k.check_dir(a.multi30k)

@@ -27,7 +27,7 @@ class LsLabelSmoothedCrossEntropyCriterion(FusedLossMixin, LabelSmoothedCrossEnt
         # would get weight 1 - eps - eps/(V-1) < 0.
         if not 0.0 <= float(label_smoothing) < 1.0:
             raise ConfigurationError(f"ls_label_smoothed_cross_entropy: --label-smoothing must be in [0, 1), "
-                             f"got {label_smoothing}")
+                                     f"got {label_smoothing}")
         super().__init__(task, sentence_avg, label_smoothing, ignore_prefix_size=ignore_prefix_size,
                          report_accuracy=report_accuracy)
 

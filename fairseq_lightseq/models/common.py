@@ -109,7 +109,8 @@ def add_args(parser, model: str) -> None:
 
 
 # The words a BOOL option takes, in any case: fairseq's own spelling (True/False) and the usual ones.
-BOOLEAN_WORDS = {"true": True, "yes": True, "on": True, "1": True, "false": False, "no": False, "off": False, "0": False}
+BOOLEAN_WORDS = {"true": True, "yes": True, "on": True, "1": True,
+                 "false": False, "no": False, "off": False, "0": False}
 
 
 def boolean(value: str) -> bool:
@@ -154,7 +155,7 @@ def packed_option(args, name: str) -> bool:
         raise ConfigurationError(f"{name}: --ls-packed must be a boolean (True or False), got {value!r}")
     if value and size > 1:
         raise ConfigurationError(f"{name}: --ls-packed True does not combine with --sequence-parallel-size {size} "
-                         "(sequence parallelism shards padded rows); use --ls-packed False")
+                                 "(sequence parallelism shards padded rows); use --ls-packed False")
     return value
 
 

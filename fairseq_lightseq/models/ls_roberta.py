@@ -52,7 +52,8 @@ def check(args) -> None:
     for option, off in (("mha_heads_to_keep", -1), ("ffn_blocks_to_remove", -1)):
         value = safe_getattr(args, option, off)
         if value != off:
-            raise ConfigurationError(f"{NAME} does not support --{option.replace('_', '-')} {value}; use --arch roberta for it")
+            raise ConfigurationError(f"{NAME} does not support --{option.replace('_', '-')} {value}; "
+                                     "use --arch roberta for it")
 
 
 def init_bert_params(module: nn.Module) -> None:

@@ -75,7 +75,7 @@ def pack(padding_mask: Tensor) -> Packing:
     if bool(broken.any()):
         b = int(broken.nonzero()[0, 0])
         raise ConfigurationError(f"--ls-packed: row {b} of the batch has padding between its tokens; "
-                         "packing needs each row's tokens in one run")
+                                 "packing needs each row's tokens in one run")
     first = torch.where(lengths > 0, first, 0)
     b_idx, t_idx = real.nonzero(as_tuple=True)  # row-major: sentence by sentence, positions in order
     device = padding_mask.device

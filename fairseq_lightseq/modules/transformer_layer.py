@@ -238,7 +238,7 @@ def ops_activation(activation_fn: str, model: str = "fairseq_lightseq") -> str:
     registered model whose options are checked) and the supported values otherwise."""
     if activation_fn not in FAIRSEQ_ACTIVATIONS:
         raise ConfigurationError(f"{model} does not support --activation-fn {activation_fn}; "
-                         f"supported: {', '.join(FAIRSEQ_ACTIVATIONS)}")
+                                 f"supported: {', '.join(FAIRSEQ_ACTIVATIONS)}")
     return FAIRSEQ_ACTIVATIONS[activation_fn]
 
 

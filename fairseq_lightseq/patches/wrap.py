@@ -1,12 +1,12 @@
 """The one way the patches change fairseq, torch or numpy: an attribute of one of their modules replaced
 once, and recorded.
 
-`wrap(owner, name, make)` puts `make(original)` in place of the function `owner.name` (owner: a module, or a
-class whose method fairseq's code calls through the class; the replacement
-keeps the original's docstring and holds it in `_fls_wrapped`); `replace(owner, name, value)` puts
-`value` (a subclass of the class there, or a name the module lacks) in place. Both are idempotent: a
-second install finds its own replacement and leaves it. `PATCHED` lists what was replaced, as
-("module.name" or "module.Class.name", original or None), for the layout test and for a reader asking what the plugin touches.
+`wrap(owner, name, make)` puts `make(original)` in place of the function `owner.name` (owner: a module, or
+a class whose method fairseq calls through its instances; the replacement keeps the original's docstring
+and holds it in `_fls_wrapped`); `replace(owner, name, value)` puts `value` (a subclass of the class there,
+or a name the module lacks) in place. Both are idempotent: a second install finds its own replacement and
+leaves it. `PATCHED` lists what was replaced, as ("module.name" or "module.Class.name", original or None),
+for the layout test and for a reader asking what the plugin touches.
 """
 from typing import Callable, Dict, Optional
 

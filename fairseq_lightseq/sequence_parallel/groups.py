@@ -36,12 +36,12 @@ def new_sequence_parallel_group(size: int) -> SequenceParallelGroup:
     if not (dist.is_available() and dist.is_initialized()):
         if size != 1:
             raise ConfigurationError(f"--sequence-parallel-size {size} needs torch.distributed initialised with a "
-                             f"world size that is a multiple of {size} (without it, only 1)")
+                                     f"world size that is a multiple of {size} (without it, only 1)")
         return TRIVIAL
     world_size, rank = dist.get_world_size(), dist.get_rank()
     if world_size % size:
         raise ConfigurationError(f"--sequence-parallel-size {size} must divide the world size {world_size} "
-                         f"(P={size} ranks per sequence-parallel group, W={world_size})")
+                                 f"(P={size} ranks per sequence-parallel group, W={world_size})")
     world = dist.group.WORLD
     cached = _CACHE.get(size)
     if cached is not None and cached[0] is world:  # a re-initialised world needs new groups

@@ -50,9 +50,9 @@ def check(args, sides=("encoder", "decoder"), criteria=CRITERIA) -> None:
         for side in sides:
             heads = int(getattr(args, f"{side}_attention_heads"))
             if heads % P:
-                raise ConfigurationError(f"--sequence-parallel-mode ulysses needs --{side}-attention-heads ({heads}) "
-                                 f"divisible by --sequence-parallel-size ({P}); use --sequence-parallel-mode "
-                                 f"allgather")
+                raise ConfigurationError(f"--sequence-parallel-mode ulysses needs --{side}-attention-heads "
+                                         f"({heads}) divisible by --sequence-parallel-size ({P}); use "
+                                         f"--sequence-parallel-mode allgather")
 
     def get(name, default=None):
         return getattr(args, name, default)
@@ -73,7 +73,7 @@ def check(args, sides=("encoder", "decoder"), criteria=CRITERIA) -> None:
     world = _world_size(args)
     if world % P:
         raise ConfigurationError(f"--sequence-parallel-size {P} must divide the number of processes "
-                         f"(--distributed-world-size {world})")
+                                 f"(--distributed-world-size {world})")
 
 
 def _world_size(args) -> int:

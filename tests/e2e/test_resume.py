@@ -88,7 +88,8 @@ def test_resume_from_truncated_checkpoint_fails_clearly(prepared):
     assert rc != 0
     last = out.strip().splitlines()[-1]
     # PROG: the command's name (here the module the recipe runs, python -m fairseq_cli.train)
-    assert last.startswith("fairseq_cli.train: error: cannot read checkpoint broken/checkpoint_last.pt (3000 bytes)"), last
+    assert last.startswith("fairseq_cli.train: error: cannot read checkpoint broken/checkpoint_last.pt "
+                           "(3000 bytes)"), last
     assert "truncated or corrupted" in last and "--restore-file" in last
     assert "_pickle" not in last and "Traceback" not in out
 
