@@ -357,8 +357,8 @@ def test_cuda_backward_uses_the_forwards_mask(lq, lk, causal):
     for recompute in (False, True):
         y2, grads2 = _dropped(lq, lk, causal, 0.3, recompute=recompute)
         assert torch.equal(y, y2)
-        for a, b in zip(grads, grads2):
-            assert torch.equal(a, b)
+        for a, b in zip(grads, grads2):  # (dq may sum in another order: FlashAttention-2's atomic adds)
+            assert_close(a, b, scale=0.5)
     assert not torch.equal(y, _dropped(lq, lk, causal, 0.3, seed=1)[0])
 
 
