@@ -14,6 +14,7 @@ import fairseq
 import torch
 
 from fairseq_lightseq import ops
+from fairseq_lightseq.ops import flash_attention
 
 
 def public_ops():
@@ -95,6 +96,9 @@ def main():
         print(f"compiled library  {ops.LIBRARY_FILE}")
         print(f"  built against   torch {info['torch_version']}, compiler {info['compiler']}")
         print(f"  CUDA kernels    {'yes, archs ' + info['cuda_archs'] if info['with_cuda'] else 'no'}")
+    problem = flash_attention.SCHEMA_PROBLEM
+    print(f"flash varlen      torch's ops {'take our call' if problem is None else 'refused: ' + problem} "
+          "(packed attention on CUDA, fp16/bf16, sm_80+, head dim <= 256)")
     print(f"\n{'op':36s} {'cpu':10s} cuda")
     for name, row in backend_table().items():
         print(f"{name:36s} {row['cpu']:10s} {row['cuda']}")

@@ -42,11 +42,12 @@ FAILED=0
 # The CUDA tests of what has never run on a GPU (since the last GPU run, 2026-11-29 run 2, every kernel
 # was rewritten and these came in): the block ops (the C++ autograd nodes) and the SDPA recompute, the
 # fused projection + loss in fp16/bf16, the no-sync step, the dropout masks against the CPU, attention,
-# bf16 training end to end, attention over packed rows and the packed model (--ls-packed). Defined once:
-# tests_new runs them, tests_rest every other CUDA test.
+# bf16 training end to end, attention over packed rows and the packed model (--ls-packed), torch's flash varlen
+# attention on packed rows. Defined once: tests_new runs them, tests_rest every other CUDA test.
 TESTS_NEW="tests/ops/test_blocks.py tests/ops/test_cross_entropy.py tests/fairseq/test_no_sync.py
   tests/ops/test_dropout.py tests/ops/test_attention.py tests/ops/test_attention_bmm.py tests/e2e/test_bf16.py
-  tests/ops/test_varlen_attention.py tests/fairseq/test_packed.py tests/ops/test_embedding.py"
+  tests/ops/test_varlen_attention.py tests/fairseq/test_packed.py tests/ops/test_embedding.py
+  tests/ops/test_flash_attention.py"
 TESTS_REST="tests $(for f in $TESTS_NEW; do printf -- '--ignore=%s ' "$f"; done)"
 # The steady-state training benchmark of the first call (docs/gpu_check.md: why these sizes fit in 220 s).
 BENCH_FIRST="--device cuda --arch-size big --max-tokens 8192 --corpus-pairs 200000 --pool 40 --warmup 40
@@ -63,6 +64,7 @@ BENCH_FIRST="--device cuda --arch-size big --max-tokens 8192 --corpus-pairs 2000
 STEPS='
 tests_new        first   30   90  pytest  -m cuda $TESTS_NEW
 benchmark        first  150  220  py      -m scripts.benchmark $BENCH_FIRST --precision fp16 --json $OUT_DIR/benchmark.json
+bench_attention  first   20   60  py      -m scripts.bench_attention --device cuda --json $OUT_DIR/bench_attention.json
 tests_rest       first   30  120  pytest  -m cuda $TESTS_REST
 bench_criterion  first   15   40  py      -m scripts.bench_criterion --device cuda
 bench_optimizer  first   10   30  py      -m scripts.bench_optimizer --device cuda
@@ -70,6 +72,7 @@ benchmark_lm     second 150  220  py      -m scripts.benchmark --family lm --dev
 benchmark_roberta second 100 180  py      -m scripts.benchmark --family roberta --device cuda --warmup 20 --steps 50 --rounds 1 --json $OUT_DIR/benchmark_roberta.json
 bench_ops_fp16   second  30   75  py      -m scripts.bench_ops --device cuda --dtype fp16 --shapes base,big,large,long --skip-ref --json $OUT_DIR/bench_ops_fp16.json
 benchmark_bf16   second 150  220  py      -m scripts.benchmark $BENCH_FIRST --precision bf16 --json $OUT_DIR/benchmark_bf16.json
+benchmark_explicit second 100 200  py      -m scripts.benchmark $BENCH_FIRST --precision fp16,bf16 --sides ls --ls-extra "--ls-attention explicit" --json $OUT_DIR/benchmark_explicit.json
 benchmark_padded second 100  200  py      -m scripts.benchmark $BENCH_FIRST --precision fp16,bf16 --sides ls --ls-extra "--ls-packed False" --json $OUT_DIR/benchmark_padded.json
 sp_bench         second  60  150  py      -m scripts.bench_sequence_parallel --device cuda --dtype bf16 --lengths 4k 8k 16k 32k --max-gib 100 --warmup 1 --reps 3 --json $OUT_DIR/bench_sequence_parallel_bf16.json
 bench_ops_bf16   second  30   75  py      -m scripts.bench_ops --device cuda --dtype bf16 --shapes base,big,large --skip-ref --json $OUT_DIR/bench_ops_bf16.json

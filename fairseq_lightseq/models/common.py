@@ -5,6 +5,7 @@ the padding side of the decoder's rows, the recompute default, the attention mod
 forward runs packed (`packings`), and a cheap model.train()."""
 import argparse
 
+import torch
 from torch import nn
 
 from ..errors import ConfigurationError
@@ -97,10 +98,13 @@ def add_args(parser, model: str) -> None:
     sequence_parallel_options.add_args(parser)
     add_recompute_args(parser, RECOMPUTE_DEFAULTS[model])
     parser.add_argument("--ls-attention", choices=ATTENTION_MODES, metavar="MODE",
-                        help="which attention runs: auto (torch's fused SDPA on CUDA, and on the CPU for long rows "
-                             "without attention dropout; else the explicit fused-softmax path), sdpa (always "
-                             "SDPA; its dropout draws from torch's generator) or explicit (never SDPA) "
-                             "(default: auto)")
+                        help="which attention runs, on padded and packed batches alike: explicit (our kernels "
+                             "everywhere; every attention-dropout mask from our Philox stream), sdpa or flash "
+                             "(torch's fused kernels everywhere: SDPA on padded rows, its flash varlen kernel on "
+                             "packed rows; their dropout draws from torch's generator; on the CPU, which has no "
+                             "such kernel for packed rows, sdpa turns --ls-packed's default off), or auto (torch's "
+                             "kernels on CUDA where they apply; on the CPU ours, SDPA for long rows without "
+                             "attention dropout) (default: auto)")
     parser.add_argument("--ls-packed", type=boolean, metavar="BOOL",
                         help="training and validation forwards run on the batch's real tokens only: every layer "
                              "computes packed rows instead of padded ones, with the padded run's dropout masks "
@@ -145,18 +149,31 @@ def finish_build(model: nn.Module, name: str, args, task, sequence_parallel=(), 
 
 def packed_option(args, name: str) -> bool:
     """--ls-packed's value: as given, else PACKED_DEFAULTS[name] (also for an older checkpoint's config
-    without the option), except with sequence parallelism, whose shards are padded rows: there the default
-    is off, and an explicit --ls-packed True is refused (ConfigurationError naming both options)."""
+    without the option), except with sequence parallelism, whose shards are padded rows, and with
+    --ls-attention sdpa on the CPU, where torch has no fused attention for packed rows (sdpa asks for torch's
+    kernels on every batch): there the default is off, and an explicit --ls-packed True is refused
+    (ConfigurationError naming both options)."""
     value = getattr(args, "ls_packed", None)
     size, _ = sequence_parallel_options.size_and_mode(args)
+    sdpa_on_cpu = getattr(args, "ls_attention", None) == "sdpa" and on_cpu(args)
     if value is None:
-        return PACKED_DEFAULTS[name] and size == 1
+        return PACKED_DEFAULTS[name] and size == 1 and not sdpa_on_cpu
     if not isinstance(value, bool):
         raise ConfigurationError(f"{name}: --ls-packed must be a boolean (True or False), got {value!r}")
     if value and size > 1:
         raise ConfigurationError(f"{name}: --ls-packed True does not combine with --sequence-parallel-size {size} "
                                  "(sequence parallelism shards padded rows); use --ls-packed False")
+    if value and sdpa_on_cpu:
+        raise ConfigurationError(f"{name}: --ls-packed True does not combine with --ls-attention sdpa on the CPU "
+                                 "(torch has no fused attention for packed rows there); use --ls-packed False to "
+                                 "run SDPA on padded batches, or --ls-attention auto or explicit to run packed rows "
+                                 "on our kernel")
     return value
+
+
+def on_cpu(args) -> bool:
+    """Whether the run trains on the CPU: fairseq's --cpu, or no CUDA device."""
+    return bool(getattr(args, "cpu", False)) or not torch.cuda.is_available()
 
 
 def packings(model: nn.Module, padding_masks, requested: bool):

@@ -11,6 +11,7 @@ to the GEMM it feeds) rather than stored fused: keeping three separate Parameter
 state_dict hooks, optimizers see the same parameters as in fairseq, and checkpoints need no
 conversion in either direction.
 """
+import functools
 import math
 from typing import Dict, Optional, Tuple
 
@@ -22,21 +23,30 @@ from fairseq.incremental_decoding_utils import with_incremental_state
 from fairseq.modules import FairseqDropout
 
 from .. import ops
-from ..ops import dropout_stream
+from ..ops import dropout_stream, flash_attention
 from ..ops.blocks.attention import sdpa_mask, sdpa_key_padding_mask, sdpa_supported
 from . import packing
 from .packing import Packing
 
-# When to use torch's fused scaled_dot_product_attention instead of the explicit
-# bmm -> ops.attention_softmax_dropout -> bmm path (--ls-attention, an attention module's
-# `attention_mode`): "auto" = on CUDA, and on the CPU when the attention has no dropout and its scores are
-# at least CPU_SDPA_MIN_SCORES per (sentence, head); "sdpa" = always; "explicit" = never.
-# SDPA's dropout draws from torch's RNG, not our Philox stream; both are valid dropout, they are just
-# different masks. On the CPU without dropout SDPA is the same math and keeps no [B, H, Tq, Tk] tensor
-# for backward (our explicit path keeps the softmax output: at T = 2048 more than fairseq keeps in all,
-# whose CPU path runs SDPA); with dropout torch's CPU SDPA falls back to its math path, which keeps more
-# than our kernels, so the explicit path stays.
-ATTENTION_MODES = ("auto", "sdpa", "explicit")
+# Which attention runs (--ls-attention, an attention module's `attention_mode`), one choice for padded and
+# packed batches:
+# - "explicit": our kernels everywhere (the explicit bmm -> ops.attention_softmax_dropout -> bmm path on padded
+#   rows, ops.varlen_attention on packed rows): every attention-dropout mask from our Philox stream, the padded
+#   and packed runs' the same;
+# - "sdpa" / "flash": torch's fused kernels everywhere: torch's scaled_dot_product_attention on padded rows (on
+#   CUDA it picks FlashAttention-2 where it applies), torch's flash varlen kernel on packed rows
+#   (ops.flash_attention). On the CPU torch has no kernel for packed rows: models.common turns packing off for
+#   "sdpa" (an explicit --ls-packed True is refused), and where flash does not apply (CPU, fp32, a GPU older
+#   than sm_80, head dim) packed rows run our kernel with one warning (use_flash);
+# - "auto": torch's flash varlen kernel on packed rows where it applies (CUDA), ours elsewhere; SDPA on padded
+#   rows on CUDA, and on the CPU when the attention has no dropout and its scores are at least
+#   CPU_SDPA_MIN_SCORES per (sentence, head).
+# torch's kernels draw attention dropout from torch's RNG, not our Philox stream; both are valid dropout, they
+# are just different masks. On the CPU without dropout SDPA is the same math and keeps no [B, H, Tq, Tk] tensor
+# for backward (our explicit path keeps the softmax output: at T = 2048 more than fairseq keeps in all, whose
+# CPU path runs SDPA); with dropout torch's CPU SDPA falls back to its math path, which keeps more than our
+# kernels, so the explicit path stays.
+ATTENTION_MODES = ("auto", "sdpa", "flash", "explicit")
 # Tq * Tk below which the CPU keeps the explicit path without dropout too: for short rows (translation's
 # sentences, a decoding step's one query) torch's CPU SDPA costs more host time per call than it saves,
 # and their probabilities are a small part of what a layer keeps. From 128 x 128 (language-model blocks,
@@ -53,9 +63,27 @@ def use_sdpa(x: Tensor, dropout_p: float, Tq: Optional[int] = None, Tk: Optional
     (one of ATTENTION_MODES, see above)."""
     if mode == "explicit":
         return False
-    if mode == "sdpa":
+    if mode in ("sdpa", "flash"):
         return True
     return x.is_cuda or (dropout_p == 0.0 and (Tq is None or Tq * Tk >= CPU_SDPA_MIN_SCORES))
+
+
+def use_flash(x: Tensor, head_dim: int, mode: str = "auto") -> bool:
+    """Whether attention over packed rows of x's device and dtype (the q/k/v dtype) with this head dim runs
+    torch's flash varlen kernel under attention mode `mode` (see ATTENTION_MODES), else our varlen kernel. Where
+    flash does not apply, "sdpa" and "flash" warn once per reason, and so does "auto" on CUDA (a GPU user expects
+    flash there); "auto" on the CPU is our kernel's home."""
+    return _flash_choice(x.device, x.dtype, head_dim, mode)
+
+
+@functools.lru_cache(maxsize=None)
+def _flash_choice(device: torch.device, dtype: torch.dtype, head_dim: int, mode: str) -> bool:
+    if mode == "explicit":
+        return False
+    problem = flash_attention.flash_problem(device, dtype, head_dim)
+    if problem is not None and (mode != "auto" or device.type == "cuda"):
+        flash_attention.warn_fallback(problem)
+    return problem is None
 
 
 @with_incremental_state
@@ -193,8 +221,9 @@ class LSMultiheadAttention(nn.Module):
         by packing.coords so that every kept probability is the padded run's. Returns the output projection
         WITHOUT out_proj.bias, [Nq, E].
 
-        Always our varlen_attention (not torch's SDPA, whatever attention_mode says): its dropout is the
-        padded run's Philox mask, and it keeps no [B, H, Tq, Tk] tensor for backward."""
+        torch's flash varlen kernel where use_flash says so under attention_mode (its attention dropout draws
+        from torch's CUDA generator), else our varlen_attention (the padded run's Philox mask); neither keeps a
+        [B, H, Tq, Tk] tensor for backward."""
         N, H, hd = query.size(0), self.num_heads, self.head_dim
         if self.self_attention:
             w = torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight], dim=0)
@@ -205,9 +234,15 @@ class LSMultiheadAttention(nn.Module):
             w = torch.cat([self.k_proj.weight, self.v_proj.weight], dim=0)
             b = torch.cat([self.k_proj.bias, self.v_proj.bias], dim=0)
             k, v = F.linear(key, w, b).view(key.size(0), 2, H, hd).unbind(1)
-        out = ops.varlen_attention(q.contiguous(), k.contiguous(), v.contiguous(), q_pack.cu_seqlens,
-                                   k_pack.cu_seqlens, q_pack.max_len, k_pack.max_len, causal, self.scaling,
-                                   attn_dropout, coords=packing.coords(q_pack, k_pack))
+        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+        if use_flash(q, hd, self.attention_mode):
+            out = flash_attention.flash_varlen_attention(q, k, v, q_pack.cu_seqlens, k_pack.cu_seqlens,
+                                                         q_pack.max_len, k_pack.max_len, causal, self.scaling,
+                                                         attn_dropout.p)
+        else:
+            out = ops.varlen_attention(q, k, v, q_pack.cu_seqlens, k_pack.cu_seqlens, q_pack.max_len,
+                                       k_pack.max_len, causal, self.scaling, attn_dropout,
+                                       coords=packing.coords(q_pack, k_pack))
         return F.linear(out.reshape(N, H * hd), self.out_proj.weight)
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Optional[Tensor], causal: bool,

@@ -36,10 +36,11 @@ from ..ops import dropout_stream
 from ..ops.blocks import (AttentionBlockConfig, FeedForwardBlockConfig, attention_block, feed_forward_block,
                           packed_attention_block)
 from ..ops.blocks.attention import sdpa_key_padding_mask, sdpa_supported
+from ..ops.blocks.flash_packed_attention import flash_packed_attention_block
 from ..ops.reference.dropout import ACTIVATIONS
 from .sharded_attention import sharded_attention
 from ..sequence_parallel.sharding import Shard
-from .multihead_attention import IncrementalState, LSMultiheadAttention, use_sdpa
+from .multihead_attention import IncrementalState, LSMultiheadAttention, use_flash, use_sdpa
 from . import packing
 from .packing import Packing
 
@@ -180,8 +181,10 @@ class TransformerLayerBase(nn.Module):
                           memory_pack: Optional[Packing] = None, causal: bool = False) -> Tensor:
         """The attention sublayer over packed rows: x [Nq, E] (queries, the residual), memory [Nk, E_enc]
         with its Packing for encoder-decoder attention (None: self-attention over x's own rows).
-        Returns [Nq, E]. The dropout masks are the padded sublayer's (packing.coords, Packing.rows).
-        One node (ops.blocks.packed_attention_block) where its kernels serve x, else the per-op chain."""
+        Returns [Nq, E]. The dropout masks are the padded sublayer's (packing.coords, Packing.rows), except the
+        attention's on torch's flash kernel (use_flash: torch's CUDA generator).
+        One node (ops.blocks.packed_attention_block, or flash_packed_attention_block) where its kernels serve x,
+        else the per-op chain."""
         k_pack = memory_pack or pack
         if self._use_blocks(x, packed=True):
             cfg = AttentionBlockConfig(
@@ -189,9 +192,12 @@ class TransformerLayerBase(nn.Module):
                 dropout_stream.draw(attn.dropout_module.p, attn.dropout_active, seed, site),
                 self._draw(self.dropout_module.p, seed, site + 1, pack=pack), recompute=self.recompute_attention)
             q, k, v, o = attn.q_proj, attn.k_proj, attn.v_proj, attn.out_proj
+            weights = (ln.weight, ln.bias, q.weight, q.bias, k.weight, k.bias, v.weight, v.bias, o.weight, o.bias)
+            if use_flash(x, attn.head_dim, attn.attention_mode):
+                return flash_packed_attention_block(x, memory, pack.cu_seqlens, k_pack.cu_seqlens, pack.max_len,
+                                                    k_pack.max_len, *weights, cfg)
             return packed_attention_block(x, memory, pack.cu_seqlens, k_pack.cu_seqlens, pack.max_len, k_pack.max_len,
-                                          packing.coords(pack, k_pack), ln.weight, ln.bias, q.weight, q.bias,
-                                          k.weight, k.bias, v.weight, v.bias, o.weight, o.bias, cfg)
+                                          packing.coords(pack, k_pack), *weights, cfg)
         residual = x
         if self.normalize_before:
             x = fused_layer_norm(ln, x)

@@ -296,6 +296,46 @@ def test_translation_packed_equals_padded_on_cuda(dtype):
             torch.testing.assert_close(g1[name].float(), g.float(), rtol=tol, atol=tol * top, msg=name)
 
 
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("recompute", [False, True], ids=["keep", "recompute"])
+def test_translation_packed_on_flash_equals_padded_on_cuda(dtype, recompute, packed_path, monkeypatch):
+    """--ls-attention auto on CUDA in half precision: packed rows run torch's flash varlen kernel (every packed
+    attention calls it), the padded run SDPA; without attention dropout (the one mask torch draws) the two agree
+    within half precision's rounding, with every other dropout on."""
+    from fairseq_lightseq.ops import flash_attention
+    from fairseq_lightseq.ops.blocks import flash_packed_attention
+
+    calls = []
+    original = flash_attention.flash_forward
+
+    def counted(*args):
+        calls.append(1)
+        return original(*args)
+    for module in (flash_attention, flash_packed_attention):  # the chain's Function and the block call it
+        monkeypatch.setattr(module, "flash_forward", counted)
+    task = make_task()
+    torch.manual_seed(0)
+    model = perturb_(build(LSTransformerModel, task, share_all_embeddings=True, encoder_embed_dim=64,
+                           encoder_attention_heads=1, decoder_attention_heads=1, ls_recompute_attention=recompute,
+                           **{**DROPOUT, "attention_dropout": 0.0}))
+    model = model.to("cuda", dtype).train()
+    criterion = LsLabelSmoothedCrossEntropyCriterion(task, False, 0.1)
+    sample = _translation_sample(task, "mixed", True)
+    sample["net_input"] = {k: v.cuda() for k, v in sample["net_input"].items()}
+    sample["target"] = sample["target"].cuda()
+    loss0, g0, _ = _step(model, criterion, sample, False)
+    assert not calls
+    loss1, g1, _ = _step(model, criterion, sample, True)
+    # 2 encoder + 2 x 2 decoder attentions; the blocks' recompute reruns each in backward (the chain keeps them)
+    assert len(calls) == 6 * (2 if recompute and packed_path == "blocks" else 1)
+    torch.testing.assert_close(loss1.float(), loss0.float(), rtol=3e-2, atol=0)
+    top = max(float(g.float().abs().max()) for g in g0.values())
+    for name, g in g0.items():
+        if not name.endswith("k_proj.bias"):
+            torch.testing.assert_close(g1[name].float(), g.float(), rtol=3e-2, atol=3e-2 * top, msg=name)
+
+
 def test_packed_option_with_sequence_parallelism():
     """The default is off under sequence parallelism (its shards are padded rows); True is refused there."""
     from fairseq_lightseq.models.common import PACKED_DEFAULTS, packed_option

@@ -4,10 +4,11 @@
 and RoBERTa keep them), the option overriding it at build, fairseq's own parser taking it, and the same
 training gradients either way.
 
---ls-attention: which attention runs (auto: the device's choice; sdpa: torch's fused attention;
-explicit: the fused-softmax path), set at build on every attention module, taken by fairseq's own parser
-for every family, a bad value refused naming the option, and the two paths giving the same output and
-gradients without dropout."""
+--ls-attention: which attention runs (auto: the device's choice; sdpa / flash: torch's fused attention;
+explicit: our kernels), set at build on every attention module, taken by fairseq's own parser
+for every family, a bad value refused naming the option, the two paths giving the same output and
+gradients without dropout, and sdpa on the CPU (no torch kernel for packed rows) running padded batches:
+--ls-packed's default off, an explicit --ls-packed True refused at build naming both options."""
 import pytest
 import torch
 from torch.nn import functional as F
@@ -21,6 +22,7 @@ from fairseq_lightseq.modules import transformer_layer
 from fairseq_lightseq.modules.multihead_attention import LSMultiheadAttention
 from fairseq_lightseq.modules.transformer_layer import TransformerLayerBase
 
+from support.cli import USER_DIR
 from support.lm import build_lm, lm_batch
 from support.models import build, make_task
 from support.roberta import build_roberta, make_mlm_task
@@ -86,7 +88,7 @@ def test_build_sets_every_attention_module(family):
 
 
 def test_a_bad_mode_names_the_option():
-    with pytest.raises(ValueError, match=r"--ls-attention must be one of auto, sdpa, explicit, got 'fast'"):
+    with pytest.raises(ValueError, match=r"--ls-attention must be one of auto, sdpa, flash, explicit, got 'fast'"):
         set_attention_mode(_build("lm"), "fast")
 
 
@@ -123,3 +125,29 @@ def test_the_modes_run_the_path_they_name(monkeypatch):
     torch.testing.assert_close(results["explicit"][0], results["sdpa"][0])
     for a, b in zip(results["explicit"][1], results["sdpa"][1]):
         torch.testing.assert_close(a, b)
+
+
+def _parse_and_build(tmp_path, *extra):
+    """ls_transformer as fairseq-train builds it on the CPU: fairseq's parser, then the model's build_model."""
+    args = options.parse_args_and_arch(options.get_training_parser(), input_args=[
+        str(tmp_path), "--task", "translation", "--arch", "ls_transformer", "--user-dir", USER_DIR, "--cpu", *extra])
+    return LSTransformerModel.build_model(args, make_task())
+
+
+@pytest.mark.parametrize("extra,packed", [
+    ((), True),
+    (("--ls-attention", "sdpa"), False),
+    (("--ls-attention", "sdpa", "--ls-packed", "False"), False),
+    (("--ls-attention", "flash"), True),
+    (("--ls-attention", "explicit"), True),
+    (("--ls-attention", "auto", "--ls-packed", "True"), True),
+])
+def test_sdpa_on_the_cpu_turns_packing_off(tmp_path, extra, packed):
+    model = _parse_and_build(tmp_path, *extra)
+    assert model.ls_packed is packed
+    assert _modes(model) == {extra[1] if extra else "auto"}
+
+
+def test_sdpa_with_an_explicit_packing_on_the_cpu_is_refused_naming_both(tmp_path):
+    with pytest.raises(ValueError, match=r"--ls-packed True does not combine with --ls-attention sdpa on the CPU"):
+        _parse_and_build(tmp_path, "--ls-attention", "sdpa", "--ls-packed", "True")
