@@ -9,7 +9,8 @@ fairseq_lightseq.export_ctranslate2` write theirs) and Python then exits 1, as f
 exception; every other exception goes to the hook that was there before (Python's traceback).
 
 Ranks: each process of a run started by hand (`--distributed-no-spawn`) or by torchrun runs the hook
-itself. fairseq's own spawn (`torch.multiprocessing.spawn`, GPU runs without either) re-raises a rank's
+itself (torch.distributed's init_process_group puts a hook in front that writes `[rankR]: ` before each
+line). fairseq's own spawn (`torch.multiprocessing.spawn`, GPU runs without either) re-raises a rank's
 exception in the parent as ProcessRaisedException holding the rank's traceback as text; when the last
 line of that text is a refusal, the parent writes its message the same way. (torchrun's launcher is a
 process of its own, without the plugin: it still reports the failed worker in its own summary.)
