@@ -1,14 +1,18 @@
 """A fairseq command that the plugin refuses (errors.Refusal: an option combination at model build, an
 unreadable checkpoint) ends with the refusal's one line on stderr, `PROG: error: MESSAGE`, exit status 1
 and no traceback (patches/refusal_exit.py): fairseq-train as its own process, one process and two ranks
-started by hand over gloo; fairseq-generate. Marked `e2e`."""
+started by hand over gloo; fairseq-generate; a rank that torch.multiprocessing.spawn started, as fairseq does
+on GPUs (on a CPU fairseq starts no ranks itself). Marked `e2e`."""
 import os
 import subprocess
+import sys
 
 import pytest
 import torch
 
+from support import ROOT
 from support.cli import BIN, TINY, USER_DIR, corpus_once, env, free_port
+from support.spawned import MESSAGE
 
 pytestmark = pytest.mark.e2e
 
@@ -78,3 +82,11 @@ def test_fairseq_generate_ends_with_the_message(tmp_path_factory, truncated):
     [(rc, err)] = processes([[os.path.join(BIN, "fairseq-generate"), "bin", "--user-dir", USER_DIR, "--path",
                               truncated, "--cpu", "--gen-subset", "test"]], d)
     assert_refused(rc, err, "fairseq-generate", f"cannot read checkpoint {truncated} (")
+
+
+def test_a_refusal_in_a_spawned_rank_ends_the_parent_with_its_message():
+    """The rank's exception reaches the parent as torch's ProcessRaisedException (the rank's traceback as
+    text); the parent writes the refusal's line alone."""
+    r = subprocess.run([sys.executable, "-m", "support.spawned"], cwd=os.path.join(ROOT, "tests"),
+                       capture_output=True, text=True, timeout=300, env=env(PYTHONPATH=ROOT))
+    assert_refused(r.returncode, r.stderr, "spawned.py", MESSAGE)
