@@ -22,9 +22,12 @@ import zipfile
 
 import torch
 
+from ..errors import Refusal
 
-class CheckpointReadError(RuntimeError):
-    """A checkpoint cannot be read: truncated, corrupted, not a checkpoint (or, from `require_file`, missing)."""
+
+class CheckpointReadError(Refusal, RuntimeError):
+    """A checkpoint cannot be read: truncated, corrupted, not a checkpoint (or, from `require_file`, missing).
+    A refusal (errors.Refusal): fairseq's commands end on it with its message alone, exit status 1."""
 
 
 def _describe(path: str) -> str:

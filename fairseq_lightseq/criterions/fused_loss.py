@@ -76,8 +76,8 @@ class FusedLossMixin:
     def fused_kwargs(self, model) -> dict:
         """The model's arguments for the fused path: features_only, and packed_rows for a model with --ls-packed
         on (the features then come as the real tokens' rows [N, E], so the projection and the loss run on no
-        pad row; not with --ignore-prefix-size, whose cut needs the [B, T] layout)."""
-        if getattr(model, "ls_packed", False) and self.ignore_prefix_size == 0:
+        pad row; with --ignore-prefix-size the prefix's rows are there and their targets ignored)."""
+        if getattr(model, "ls_packed", False):
             return {"features_only": True, "packed_rows": True}
         return {"features_only": True}
 
@@ -133,6 +133,12 @@ class FusedLossMixin:
         target = self._target(model, net_output, sample)
         pack = recorded_packing(net_output)
         if pack is not None:  # packed rows: the targets of the real tokens, in the same order
+            if self.ignore_prefix_size > 0:
+                # the prefix's rows stay in the packed features and their targets become pads, which the loss
+                # ignores: the same tokens drop out as in fairseq's cut of the first columns, without
+                # gathering the other rows of [N, E] again
+                target = target.clone()
+                target[:, :self.ignore_prefix_size] = self.padding_idx
             return logits, pack.gather(target)
         if self.ignore_prefix_size > 0:
             logits = logits[:, self.ignore_prefix_size:, :]

@@ -11,6 +11,7 @@ from fairseq.criterions.label_smoothed_cross_entropy import (
     LabelSmoothedCrossEntropyCriterionConfig,
 )
 
+from ..errors import ConfigurationError
 from .fused_loss import FusedLossMixin
 
 
@@ -25,8 +26,8 @@ class LsLabelSmoothedCrossEntropyCriterion(FusedLossMixin, LabelSmoothedCrossEnt
         # Checked here, at build, rather than by the op at the first forward. 1 is excluded: the target
         # would get weight 1 - eps - eps/(V-1) < 0.
         if not 0.0 <= float(label_smoothing) < 1.0:
-            raise ValueError(f"ls_label_smoothed_cross_entropy: --label-smoothing must be in [0, 1), "
-                             f"got {label_smoothing}")
+            raise ConfigurationError(f"ls_label_smoothed_cross_entropy: --label-smoothing must be in [0, 1), "
+                                     f"got {label_smoothing}")
         super().__init__(task, sentence_avg, label_smoothing, ignore_prefix_size=ignore_prefix_size,
                          report_accuracy=report_accuracy)
 

@@ -3,10 +3,12 @@ options they add to fairseq's (`add_args`: sequence parallelism, --ls-recompute-
 --ls-attention, --ls-packed), the end of their build_model (`finish_build`: sequence parallelism set up,
 the padding side of the decoder's rows, the recompute default, the attention mode, packing), whether a
 forward runs packed (`packings`), and a cheap model.train()."""
+import argparse
+
 import torch
-from fairseq.utils import eval_bool
 from torch import nn
 
+from ..errors import ConfigurationError
 from ..modules import packing
 from ..modules.multihead_attention import ATTENTION_MODES, LSMultiheadAttention
 from ..modules.transformer_layer import TransformerLayerBase, ops_activation
@@ -34,7 +36,7 @@ DROPOUT_OPTIONS = ("dropout", "attention_dropout", "activation_dropout", "relu_d
 
 
 def check_supported(args, model: str, native: str) -> None:
-    """Raise ValueError naming the first fairseq option `model` does not implement, or whose value is
+    """Raise ConfigurationError naming the first fairseq option `model` does not implement, or whose value is
     out of range; the message points at fairseq's own `native` arch. args: an argparse Namespace or a
     model config (DictConfig) of either family."""
     def get(name, default=None):
@@ -43,7 +45,7 @@ def check_supported(args, model: str, native: str) -> None:
     for name in DROPOUT_OPTIONS:
         p = get(name)
         if p is not None and not 0.0 <= float(p) <= 1.0:
-            raise ValueError(f"{model}: --{name.replace('_', '-')} must be in [0, 1], got {p}")
+            raise ConfigurationError(f"{model}: --{name.replace('_', '-')} must be in [0, 1], got {p}")
 
     unsupported = [
         ("--adaptive-softmax-cutoff", get("adaptive_softmax_cutoff") is not None),
@@ -65,7 +67,7 @@ def check_supported(args, model: str, native: str) -> None:
     ]
     for option, bad in unsupported:
         if bad:
-            raise ValueError(f"{model} does not support {option}; use --arch {native} for it")
+            raise ConfigurationError(f"{model} does not support {option}; use --arch {native} for it")
     ops_activation(str(get("activation_fn", "relu")), model)
     packed_option(args, model)
 
@@ -110,17 +112,19 @@ def add_args(parser, model: str) -> None:
                              f"(default: {PACKED_DEFAULTS[model]}, False with --sequence-parallel-size > 1)")
 
 
-def boolean(value: str) -> bool:
-    """An option's BOOL: True/true/1 or False/false/0 (argparse names the option in the error otherwise;
-    fairseq's eval_bool would take any Python expression)."""
-    import argparse
+# The words a BOOL option takes, in any case: fairseq's own spelling (True/False) and the usual ones.
+BOOLEAN_WORDS = {"true": True, "yes": True, "on": True, "1": True,
+                 "false": False, "no": False, "off": False, "0": False}
 
-    lowered = str(value).lower()
-    if lowered in ("true", "1"):
-        return True
-    if lowered in ("false", "0"):
-        return False
-    raise argparse.ArgumentTypeError(f"expected a boolean (True or False), got {value!r}")
+
+def boolean(value: str) -> bool:
+    """The `type` of every --ls-* BOOL option: a word of BOOLEAN_WORDS (any case) as a bool. Anything else is
+    an argparse error naming the option (exit status 2). The value is only looked up, never evaluated
+    (fairseq's eval_bool runs its argument as Python)."""
+    found = BOOLEAN_WORDS.get(str(value).strip().lower())
+    if found is None:
+        raise argparse.ArgumentTypeError(f"expected a boolean (True/False, yes/no, on/off, 1/0), got {value!r}")
+    return found
 
 
 def finish_build(model: nn.Module, name: str, args, task, sequence_parallel=(), decoder=None) -> nn.Module:
@@ -147,22 +151,23 @@ def packed_option(args, name: str) -> bool:
     """--ls-packed's value: as given, else PACKED_DEFAULTS[name] (also for an older checkpoint's config
     without the option), except with sequence parallelism, whose shards are padded rows, and with
     --ls-attention sdpa on the CPU, where torch has no fused attention for packed rows (sdpa asks for torch's
-    kernels on every batch): there the default is off, and an explicit --ls-packed True is refused (ValueError
-    naming both options)."""
+    kernels on every batch): there the default is off, and an explicit --ls-packed True is refused
+    (ConfigurationError naming both options)."""
     value = getattr(args, "ls_packed", None)
     size, _ = sequence_parallel_options.size_and_mode(args)
     sdpa_on_cpu = getattr(args, "ls_attention", None) == "sdpa" and on_cpu(args)
     if value is None:
         return PACKED_DEFAULTS[name] and size == 1 and not sdpa_on_cpu
     if not isinstance(value, bool):
-        raise ValueError(f"{name}: --ls-packed must be a boolean (True or False), got {value!r}")
+        raise ConfigurationError(f"{name}: --ls-packed must be a boolean (True or False), got {value!r}")
     if value and size > 1:
-        raise ValueError(f"{name}: --ls-packed True does not combine with --sequence-parallel-size {size} "
-                         "(sequence parallelism shards padded rows); use --ls-packed False")
+        raise ConfigurationError(f"{name}: --ls-packed True does not combine with --sequence-parallel-size {size} "
+                                 "(sequence parallelism shards padded rows); use --ls-packed False")
     if value and sdpa_on_cpu:
-        raise ValueError(f"{name}: --ls-packed True does not combine with --ls-attention sdpa on the CPU (torch "
-                         "has no fused attention for packed rows there); use --ls-packed False to run SDPA on "
-                         "padded batches, or --ls-attention auto or explicit to run packed rows on our kernel")
+        raise ConfigurationError(f"{name}: --ls-packed True does not combine with --ls-attention sdpa on the CPU "
+                                 "(torch has no fused attention for packed rows there); use --ls-packed False to "
+                                 "run SDPA on padded batches, or --ls-attention auto or explicit to run packed rows "
+                                 "on our kernel")
     return value
 
 
@@ -185,9 +190,9 @@ def packings(model: nn.Module, padding_masks, requested: bool):
 
 
 def set_attention_mode(model: nn.Module, mode: str) -> None:
-    """Sets every attention module's attention_mode (one of ATTENTION_MODES; ValueError otherwise)."""
+    """Sets every attention module's attention_mode (one of ATTENTION_MODES; ConfigurationError otherwise)."""
     if mode not in ATTENTION_MODES:
-        raise ValueError(f"--ls-attention must be one of {', '.join(ATTENTION_MODES)}, got {mode!r}")
+        raise ConfigurationError(f"--ls-attention must be one of {', '.join(ATTENTION_MODES)}, got {mode!r}")
     for m in model.modules():
         if isinstance(m, LSMultiheadAttention):
             m.attention_mode = mode
@@ -195,7 +200,7 @@ def set_attention_mode(model: nn.Module, mode: str) -> None:
 
 def add_recompute_args(parser, default: bool) -> None:
     """--ls-recompute-attention BOOL, whose default (`default`) is the model's."""
-    parser.add_argument("--ls-recompute-attention", type=eval_bool, metavar="BOOL",
+    parser.add_argument("--ls-recompute-attention", type=boolean, metavar="BOOL",
                         help="the attention blocks project q, k, v again in backward (and rerun SDPA's forward "
                              "without attention dropout) instead of keeping them for backward: about 3 [T, B, E] "
                              f"tensors less per attention for one more QKV GEMM per step (default: {default})")

@@ -29,6 +29,7 @@ from fairseq.modules import transformer_sentence_encoder
 from fairseq.utils import safe_getattr, safe_hasattr
 from torch import nn
 
+from ..errors import ConfigurationError
 from ..modules.lm_head import LSRobertaLMHead
 from ..modules import packing
 from ..modules.multihead_attention import LSMultiheadAttention
@@ -44,14 +45,15 @@ SEQUENCE_PARALLEL_CRITERIA = ("ls_masked_lm",)
 
 
 def check(args) -> None:
-    """Raise ValueError naming the first option of `args` ls_roberta does not implement: the common
+    """Raise ConfigurationError naming the first option of `args` ls_roberta does not implement: the common
     refusals (check_supported) and fairseq's structured pruning, which calls methods of fairseq's
     attention and FFN modules (_prune_attention_heads, _prune_fc_layer) that our layers do not have."""
     check_supported(args, NAME, "roberta")
     for option, off in (("mha_heads_to_keep", -1), ("ffn_blocks_to_remove", -1)):
         value = safe_getattr(args, option, off)
         if value != off:
-            raise ValueError(f"{NAME} does not support --{option.replace('_', '-')} {value}; use --arch roberta for it")
+            raise ConfigurationError(f"{NAME} does not support --{option.replace('_', '-')} {value}; "
+                                     "use --arch roberta for it")
 
 
 def init_bert_params(module: nn.Module) -> None:

@@ -19,6 +19,7 @@ from typing import NamedTuple, Optional, Tuple
 import torch
 from torch import Tensor
 
+from ..errors import ConfigurationError
 from ..ops.varlen_attention import VarlenCoords
 
 # The key of a model's extra output under which a packed forward records the Packing of the rows its
@@ -62,7 +63,7 @@ class Packing(NamedTuple):
 
 def pack(padding_mask: Tensor) -> Packing:
     """The Packing of a [B, T] bool padding mask (True at padding). Each row must hold one run of real tokens
-    (padding only before it, after it, or neither): ValueError naming the row otherwise."""
+    (padding only before it, after it, or neither): ConfigurationError naming the row otherwise."""
     B, T = padding_mask.shape
     real = ~padding_mask.detach().to("cpu", torch.bool)  # the one read of the batch on the host
     lengths = real.sum(1)
@@ -73,8 +74,8 @@ def pack(padding_mask: Tensor) -> Packing:
     broken = (lengths > 0) & (last - first + 1 != lengths)
     if bool(broken.any()):
         b = int(broken.nonzero()[0, 0])
-        raise ValueError(f"--ls-packed: row {b} of the batch has padding between its tokens; "
-                         "packing needs each row's tokens in one run")
+        raise ConfigurationError(f"--ls-packed: row {b} of the batch has padding between its tokens; "
+                                 "packing needs each row's tokens in one run")
     first = torch.where(lengths > 0, first, 0)
     b_idx, t_idx = real.nonzero(as_tuple=True)  # row-major: sentence by sentence, positions in order
     device = padding_mask.device

@@ -31,6 +31,7 @@ from torch import Tensor, nn
 from fairseq.modules import FairseqDropout
 
 from .. import ops
+from ..errors import ConfigurationError
 from ..ops import dropout_stream
 from ..ops.blocks import (AttentionBlockConfig, FeedForwardBlockConfig, attention_block, feed_forward_block,
                           packed_attention_block)
@@ -239,11 +240,11 @@ class TransformerLayerBase(nn.Module):
 
 
 def ops_activation(activation_fn: str, model: str = "fairseq_lightseq") -> str:
-    """The ops' name for fairseq's --activation-fn `activation_fn`; ValueError naming `model` (the
+    """The ops' name for fairseq's --activation-fn `activation_fn`; ConfigurationError naming `model` (the
     registered model whose options are checked) and the supported values otherwise."""
     if activation_fn not in FAIRSEQ_ACTIVATIONS:
-        raise ValueError(f"{model} does not support --activation-fn {activation_fn}; "
-                         f"supported: {', '.join(FAIRSEQ_ACTIVATIONS)}")
+        raise ConfigurationError(f"{model} does not support --activation-fn {activation_fn}; "
+                                 f"supported: {', '.join(FAIRSEQ_ACTIVATIONS)}")
     return FAIRSEQ_ACTIVATIONS[activation_fn]
 
 

@@ -8,6 +8,7 @@ from collections import defaultdict
 import torch
 
 from .. import ops
+from ..errors import ConfigurationError
 from ..ops import adam as adam_ops
 
 _HALF = (torch.float16, torch.bfloat16)
@@ -26,13 +27,13 @@ class FusedAdam(torch.optim.Optimizer):
         reject_amsgrad(amsgrad)
         self.supports_step_with_scale = step_with_scale
         if not 0.0 <= lr:
-            raise ValueError(f"ls_adam: lr must be >= 0, got {lr}")
+            raise ConfigurationError(f"ls_adam: lr must be >= 0, got {lr}")
         if not (0.0 <= betas[0] < 1.0 and 0.0 <= betas[1] < 1.0):
-            raise ValueError(f"ls_adam: betas must be in [0, 1), got {betas}")
+            raise ConfigurationError(f"ls_adam: betas must be in [0, 1), got {betas}")
         if not 0.0 <= eps:
-            raise ValueError(f"ls_adam: eps must be >= 0, got {eps}")
+            raise ConfigurationError(f"ls_adam: eps must be >= 0, got {eps}")
         if not 0.0 <= weight_decay:
-            raise ValueError(f"ls_adam: weight_decay must be >= 0, got {weight_decay}")
+            raise ConfigurationError(f"ls_adam: weight_decay must be >= 0, got {weight_decay}")
         super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=False))
 
     # Capabilities fairseq's wrappers query (FP16Optimizer / MemoryEfficientFP16Optimizer).
@@ -155,6 +156,6 @@ def _grad_scale(grads, scale) -> float:
 
 
 def reject_amsgrad(amsgrad) -> None:
-    """ValueError for amsgrad=True, which the fused update does not implement."""
+    """ConfigurationError for amsgrad=True, which the fused update does not implement."""
     if amsgrad:
-        raise ValueError("ls_adam does not implement amsgrad=True; use --optimizer adam for AMSGrad")
+        raise ConfigurationError("ls_adam does not implement amsgrad=True; use --optimizer adam for AMSGrad")

@@ -18,6 +18,7 @@ from fairseq.dataclass import FairseqDataclass
 from fairseq.optim import OPTIMIZER_REGISTRY, FairseqOptimizer, register_optimizer
 from omegaconf import II, OmegaConf
 
+from ..errors import ConfigurationError
 from .fused_adam import FusedAdam, reject_amsgrad
 
 
@@ -42,7 +43,7 @@ class LSAdam(FairseqOptimizer):
         super().__init__(cfg)
         reject_amsgrad(getattr(cfg, "amsgrad", False))
         if getattr(cfg, "fp16_adam_stats", False):
-            raise ValueError("ls_adam keeps Adam statistics in fp32; --fp16-adam-stats is not supported")
+            raise ConfigurationError("ls_adam keeps Adam statistics in fp32; --fp16-adam-stats is not supported")
         # Tensors on a device without a compiled kernel (e.g. XLA) are updated by the reference op
         # (with a one-time warning). fairseq's FP16Optimizer without a loss scaler (--bf16) never
         # resets its multiply factor after a step-with-scale, so the clip factor would compound over

@@ -9,7 +9,10 @@ fairseq_lightseq`), applied by `install()` in this order:
 4. `checkpoint_io`: clear errors for unreadable checkpoints, atomic copies;
 5. `cli_config`: `--bf16` without `--tpu`, `--fp16` and torchrun on the CPU;
 6. `cpu_ddp`: `--ddp-backend pytorch_ddp` on the CPU;
-7. `clean_exit`: fairseq's data-buffer threads stopped before exit.
+7. `clean_exit`: fairseq's data-buffer threads stopped before exit;
+8. `refusal_exit`: the plugin's refusals (errors.Refusal) end a command with their message alone, exit 1;
+9. `batch_seeds`: an ls_* model's dropout masks do not depend on how an update's batches are split over
+   ranks and --update-freq steps.
 
 Each module says the defect it fixes and has an idempotent `install()`; every attribute they replace
 goes through `wrap.wrap` / `wrap.replace` (which record it in `wrap.PATCHED`). The modules are imported
@@ -29,6 +32,8 @@ ORDER = (
     ("fairseq_lightseq.patches.cli_config", "install"),
     ("fairseq_lightseq.patches.cpu_ddp", "install"),
     ("fairseq_lightseq.patches.clean_exit", "install"),
+    ("fairseq_lightseq.patches.refusal_exit", "install"),
+    ("fairseq_lightseq.patches.batch_seeds", "install"),
 )
 
 

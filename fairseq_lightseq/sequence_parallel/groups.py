@@ -6,6 +6,8 @@ from typing import NamedTuple, Optional
 
 import torch.distributed as dist
 
+from ..errors import ConfigurationError
+
 
 class SequenceParallelGroup(NamedTuple):
     group: Optional["dist.ProcessGroup"]  # this rank's block; None only without torch.distributed
@@ -30,16 +32,16 @@ def new_sequence_parallel_group(size: int) -> SequenceParallelGroup:
     trivial group (group None, rank 0, one shard).
     """
     if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-        raise ValueError(f"--sequence-parallel-size must be a positive integer, got {size!r}")
+        raise ConfigurationError(f"--sequence-parallel-size must be a positive integer, got {size!r}")
     if not (dist.is_available() and dist.is_initialized()):
         if size != 1:
-            raise ValueError(f"--sequence-parallel-size {size} needs torch.distributed initialised with a "
-                             f"world size that is a multiple of {size} (without it, only 1)")
+            raise ConfigurationError(f"--sequence-parallel-size {size} needs torch.distributed initialised with a "
+                                     f"world size that is a multiple of {size} (without it, only 1)")
         return TRIVIAL
     world_size, rank = dist.get_world_size(), dist.get_rank()
     if world_size % size:
-        raise ValueError(f"--sequence-parallel-size {size} must divide the world size {world_size} "
-                         f"(P={size} ranks per sequence-parallel group, W={world_size})")
+        raise ConfigurationError(f"--sequence-parallel-size {size} must divide the world size {world_size} "
+                                 f"(P={size} ranks per sequence-parallel group, W={world_size})")
     world = dist.group.WORLD
     cached = _CACHE.get(size)
     if cached is not None and cached[0] is world:  # a re-initialised world needs new groups

@@ -11,6 +11,7 @@ import functools
 
 import torch.distributed as dist
 
+from ..errors import ConfigurationError
 from .groups import new_sequence_parallel_group
 from .sharding import MODES, SequenceParallel
 
@@ -35,23 +36,23 @@ def size_and_mode(args):
 
 
 def check(args, sides=("encoder", "decoder"), criteria=CRITERIA) -> None:
-    """Raise ValueError naming the option when sequence parallelism cannot run with these options.
+    """Raise ConfigurationError naming the option when sequence parallelism cannot run with these options.
     sides: the stacks the model has (ulysses needs each one's head count divisible by P); criteria: the
     criteria that count a rank's share with this model."""
     P, mode = size_and_mode(args)
     if P < 1:
-        raise ValueError(f"--sequence-parallel-size must be >= 1, got {P}")
+        raise ConfigurationError(f"--sequence-parallel-size must be >= 1, got {P}")
     if mode not in MODES:
-        raise ValueError(f"--sequence-parallel-mode must be one of {', '.join(MODES)}, got {mode!r}")
+        raise ConfigurationError(f"--sequence-parallel-mode must be one of {', '.join(MODES)}, got {mode!r}")
     if P == 1:
         return
     if mode == "ulysses":
         for side in sides:
             heads = int(getattr(args, f"{side}_attention_heads"))
             if heads % P:
-                raise ValueError(f"--sequence-parallel-mode ulysses needs --{side}-attention-heads ({heads}) "
-                                 f"divisible by --sequence-parallel-size ({P}); use --sequence-parallel-mode "
-                                 f"allgather")
+                raise ConfigurationError(f"--sequence-parallel-mode ulysses needs --{side}-attention-heads "
+                                         f"({heads}) divisible by --sequence-parallel-size ({P}); use "
+                                         f"--sequence-parallel-mode allgather")
 
     def get(name, default=None):
         return getattr(args, name, default)
@@ -68,11 +69,11 @@ def check(args, sides=("encoder", "decoder"), criteria=CRITERIA) -> None:
     for option, bad in refused:
         if bad:
             extra = f" (it needs --criterion {' or '.join(criteria)})" if option.startswith("--criterion") else ""
-            raise ValueError(f"--sequence-parallel-size {P} does not support {option}{extra}")
+            raise ConfigurationError(f"--sequence-parallel-size {P} does not support {option}{extra}")
     world = _world_size(args)
     if world % P:
-        raise ValueError(f"--sequence-parallel-size {P} must divide the number of processes "
-                         f"(--distributed-world-size {world})")
+        raise ConfigurationError(f"--sequence-parallel-size {P} must divide the number of processes "
+                                 f"(--distributed-world-size {world})")
 
 
 def _world_size(args) -> int:

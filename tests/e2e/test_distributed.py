@@ -4,8 +4,9 @@ two ranks started as SLURM or a hand launch would (--distributed-init-method tcp
 --distributed-rank, --distributed-no-spawn), and a `torchrun --nproc_per_node 2` launch.
 
 2 ranks x --max-tokens 400 draw the same batches per update as 1 process with --update-freq 2 (fairseq
-hands out the batches round-robin; no dropout), so the logged losses must match up to float summation
-order. Marked `e2e`."""
+hands out the batches round-robin), so the logged losses must match up to float summation order: without
+dropout, and with every dropout on (each batch draws the seed of its place in the update whatever the split,
+patches/batch_seeds.py). Marked `e2e`."""
 import os
 import sys
 
@@ -24,9 +25,14 @@ def data_bin(tmp_path_factory):
     return make_data_bin(str(tmp_path_factory.mktemp("ddp_data")))
 
 
-def update_freq_2(data_bin, d, cpu=True):
+# every dropout of the model, for the runs with dropout
+DROPOUTS = ["--dropout", "0.1", "--attention-dropout", "0.1", "--activation-dropout", "0.1"]
+
+
+def update_freq_2(data_bin, d, cpu=True, extra=()):
     """1 process, --update-freq 2: the losses the 2-rank runs must reproduce."""
-    _, log = run(["fairseq-train", *train_args(data_bin, d, UPDATES, cpu=cpu), "--update-freq", "2"], cwd=str(d))
+    _, log = run(["fairseq-train", *train_args(data_bin, d, UPDATES, cpu=cpu), *extra, "--update-freq", "2"],
+                 cwd=str(d))
     xs = losses(log)
     assert len(xs) == UPDATES and falls(xs), xs
     return xs
@@ -43,9 +49,10 @@ def check_matches(log, one_process):
     torch.testing.assert_close(torch.tensor(xs), torch.tensor(one_process), rtol=0, atol=2e-3)
 
 
-def ranks_by_hand(data_bin, d, ddp_backend, cpu=True):
+def ranks_by_hand(data_bin, d, ddp_backend, cpu=True, extra=()):
     """2 ranks started as SLURM or a hand launch would, over gloo; returns rank 0's log."""
-    (_, log0), (_, log1) = by_hand(train_args(data_bin, d, UPDATES, cpu=cpu), 2, d, ddp_backend=ddp_backend)
+    (_, log0), (_, log1) = by_hand([*train_args(data_bin, d, UPDATES, cpu=cpu), *extra], 2, d,
+                                   ddp_backend=ddp_backend)
     assert "distributed init (rank 1)" in log1 and f"'ddp_backend': '{ddp_backend}'" in log0
     return log0
 
@@ -62,6 +69,13 @@ def test_two_ranks_match_update_freq_2(data_bin, tmp_path, one_process, ddp_back
     log = (request.getfixturevalue("legacy_ddp_log") if ddp_backend == "legacy_ddp"
            else ranks_by_hand(data_bin, tmp_path, ddp_backend))
     check_matches(log, one_process)
+
+
+def test_two_ranks_match_update_freq_2_with_dropout(data_bin, tmp_path):
+    """Every dropout 0.1: rank 1's batch draws the masks of the single process's second micro-batch."""
+    (tmp_path / "single").mkdir()
+    reference = update_freq_2(data_bin, tmp_path / "single", extra=DROPOUTS)
+    check_matches(ranks_by_hand(data_bin, tmp_path, "legacy_ddp", extra=DROPOUTS), reference)
 
 
 @pytest.mark.cuda

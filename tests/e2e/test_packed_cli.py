@@ -10,7 +10,6 @@ hypotheses (fairseq-generate, the padded path for both), and each continues trai
 
 Tiny models, CPU. Marked `e2e`."""
 import os
-import re
 
 import pytest
 
@@ -97,25 +96,3 @@ def test_sentence_prediction_packed_trains_as_padded(tmp_path_factory):
             "--seed", "1", "--cpu", "--num-workers", "0", "--max-update", str(UPDATES), "--log-format", "json",
             "--log-interval", "1", *QUIET, *DROPOUT]
     assert_same_losses(both(tmp_path_factory, "sp", lambda save: [*argv, "--save-dir", save]))
-
-
-@pytest.mark.parametrize("value, message", [("maybe", "expected a boolean"), ("2", "expected a boolean")])
-def test_ls_packed_takes_a_boolean(tmp_path_factory, value, message):
-    from support.inprocess import call
-
-    d = corpus_once(tmp_path_factory)
-    save = str(tmp_path_factory.mktemp("bad_packed"))
-    status, out = call(["fairseq-train", *train_args(os.path.join(d, "bin"), save, 1), "--ls-packed", value], save)
-    assert status != 0
-    assert re.search(rf"argument --ls-packed: {message}", out), out[-2000:]
-
-
-def test_ls_packed_refuses_sequence_parallelism(tmp_path_factory):
-    from support.inprocess import call
-
-    d = corpus_once(tmp_path_factory)
-    save = str(tmp_path_factory.mktemp("packed_sp"))
-    status, out = call(["fairseq-train", *train_args(os.path.join(d, "bin"), save, 1), "--ls-packed", "True",
-                        "--sequence-parallel-size", "2"], save)
-    assert status != 0
-    assert "--ls-packed True does not combine with --sequence-parallel-size 2" in out, out[-2000:]

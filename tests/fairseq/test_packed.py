@@ -122,6 +122,30 @@ def test_translation_packed_equals_padded(batch, left_pad_source):
     _assert_same(model, criterion, _translation_sample(task, batch, left_pad_source))
 
 
+@pytest.mark.parametrize("batch", ["mixed", "one_long"])
+def test_ignore_prefix_runs_packed_with_fairseqs_loss(batch):
+    """--ignore-prefix-size 2 (whole targets of 1 and 2 tokens among the rows): our criterion runs the packed
+    rows (the prefix's targets ignored) with the padded run's loss and gradients, and they are fairseq's
+    label_smoothed_cross_entropy's (the padded logits, their first columns cut), accuracy counts included."""
+    from fairseq.criterions.label_smoothed_cross_entropy import LabelSmoothedCrossEntropyCriterion
+
+    task = make_task()
+    torch.manual_seed(0)
+    model = perturb_(build(LSTransformerModel, task, share_all_embeddings=True, **DROPOUT)).double().train()
+    sample = _translation_sample(task, batch, True)
+    ours = LsLabelSmoothedCrossEntropyCriterion(task, False, 0.1, ignore_prefix_size=2, report_accuracy=True)
+    _assert_same(model, ours, sample)  # the packed attention ran, with the padded run's numbers
+    loss, grads, log = _step(model, ours, sample, True)
+    fairseqs = LabelSmoothedCrossEntropyCriterion(task, False, 0.1, ignore_prefix_size=2, report_accuracy=True)
+    loss_fs, grads_fs, log_fs = _step(model, fairseqs, sample, True)
+    # fairseq's criterion takes its log-softmax in fp32 (utils.log_softmax casts): test_criterion's tolerances
+    torch.testing.assert_close(loss, loss_fs.double(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(log["nll_loss"], log_fs["nll_loss"].double(), rtol=1e-5, atol=1e-5)
+    assert (log["n_correct"], log["total"]) == (log_fs["n_correct"], log_fs["total"])
+    for name, g in grads_fs.items():
+        torch.testing.assert_close(grads[name], g, rtol=1e-4, atol=1e-6, msg=name)
+
+
 def test_fairseqs_criteria_get_fairseqs_outputs():
     """fairseq's own label_smoothed_cross_entropy and cross_entropy read the logits [B, T, V], pad rows
     included: the packed model runs its padded path for them (no packed attention), so every output is fairseq's."""

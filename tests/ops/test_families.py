@@ -126,11 +126,11 @@ def test_export_all_sets_the_names(tmp_path):
 # ---- the package's rooms -------------------------------------------------------------------------
 PACKAGE = os.path.join(REPO, "fairseq_lightseq")
 # The package root: its `python -m` entry points, the compiled library, and the rooms.
-ROOT_FILES = {"__init__.py", "info.py", "export_ctranslate2.py"}
+ROOT_FILES = {"__init__.py", "info.py", "export_ctranslate2.py", "errors.py"}
 ROOMS = {"checkpoints", "criterions", "demo", "models", "modules", "ops", "optim", "patches", "sequence_parallel"}
 # Layers, lowest first: a module may import from its own room and the rooms of lower layers only.
-# The root's modules (the entry points) sit on top.
-LAYERS = [{"ops"}, {"sequence_parallel"}, {"modules"}, {"criterions", "optim"}, {"models"}, {"checkpoints"},
+# The root's modules (the entry points) sit on top, but errors.py (the refusals every layer raises) at the bottom.
+LAYERS = [{"errors"}, {"ops"}, {"sequence_parallel"}, {"modules"}, {"criterions", "optim"}, {"models"}, {"checkpoints"},
           {"patches"}, {"demo", ""}]
 LAYER = {room: i for i, rooms in enumerate(LAYERS) for room in rooms}
 
@@ -170,6 +170,8 @@ def _imports(name: str, path: str):
 
 
 def _room(module: str) -> str:
+    if module == "fairseq_lightseq.errors":
+        return "errors"
     parts = module.split(".")
     return parts[1] if len(parts) > 2 or (len(parts) == 2 and parts[1] in ROOMS) else ""
 
@@ -188,7 +190,7 @@ def test_the_package_lists_its_public_names():
 
 
 def test_every_room_has_a_layer():
-    assert set(LAYER) == ROOMS | {""}
+    assert set(LAYER) == ROOMS | {"", "errors"}
 
 
 def test_no_import_goes_up_the_layers():
@@ -266,15 +268,24 @@ def test_every_patch_goes_through_the_wrap_helper():
                 direct.append(f"{os.path.basename(path)}: setattr({node.args[0].id}, ...)")
     assert direct == []
     names = [module.rsplit(".", 1)[1] for module, _ in patches.ORDER]
-    assert names == ["requirements", "numpy_compat", "safety", "checkpoint_io", "cli_config", "cpu_ddp", "clean_exit"]
-    patched = {key: getattr(importlib.import_module(key.rsplit(".", 1)[0]), key.rsplit(".", 1)[1])
-               for key in wrap.PATCHED}
+    assert names == ["requirements", "numpy_compat", "safety", "checkpoint_io", "cli_config", "cpu_ddp", "clean_exit",
+                     "refusal_exit", "batch_seeds"]
+
+    def resolve(key):  # "module.name" or "module.Class.name"
+        module, name = key.rsplit(".", 1)
+        try:
+            return getattr(importlib.import_module(module), name)
+        except ModuleNotFoundError:
+            module, cls = module.rsplit(".", 1)
+            return getattr(getattr(importlib.import_module(module), cls), name)
+
+    patched = {key: resolve(key) for key in wrap.PATCHED}
     patches.install()  # a second install changes nothing
-    assert {key: getattr(importlib.import_module(key.rsplit(".", 1)[0]), key.rsplit(".", 1)[1])
-            for key in wrap.PATCHED} == patched
+    assert {key: resolve(key) for key in wrap.PATCHED} == patched
     assert {"fairseq.checkpoint_utils.load_checkpoint_to_cpu", "fairseq.checkpoint_utils.torch_persistent_save",
             "fairseq.checkpoint_utils.PathManager", "fairseq.distributed.utils.call_main",
-            "fairseq.models.distributed_fairseq_model.DistributedDataParallel"} <= set(wrap.PATCHED)
+            "fairseq.models.distributed_fairseq_model.DistributedDataParallel", "sys.excepthook",
+            "fairseq.trainer.Trainer.train_step"} <= set(wrap.PATCHED)
 
 
 def test_the_version_is_written_once():

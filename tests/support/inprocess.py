@@ -14,7 +14,8 @@ INFO, into the captured output) and logging's global switch-off (`logging.disabl
 benchmark sets to quiet fairseq), the best validation score fairseq keeps on its functions, and
 fairseq's data-buffer threads (stopped after the call, as the plugin's exit hook stops them at a
 process's exit), torch.distributed's default process group (one the call leaves initialised, e.g. the
-fake group of bench_sequence_parallel's grid, is destroyed: a fresh process has none).
+fake group of bench_sequence_parallel's grid, is destroyed: a fresh process has none) and sys.excepthook
+(a fresh process's, the plugin's: a process group initialised in the test process wraps it).
 
 Not for what only a process shows: a run without --user-dir (the plugin, once imported, patches
 fairseq for the whole test process), exit at interpreter shutdown, signals, several ranks, torchrun.
@@ -27,11 +28,12 @@ import os
 import random
 import runpy
 import sys
-import traceback
 import warnings
 
 import numpy as np
 import torch
+
+from fairseq_lightseq.patches import refusal_exit
 
 # console script -> the module whose cli_main it calls
 IN_PROCESS = {"fairseq-train": "fairseq_cli.train", "fairseq-generate": "fairseq_cli.generate",
@@ -84,7 +86,9 @@ def _process_state(argv, cwd, extra_env):
     root = logging.getLogger()
     handlers, level, disabled = root.handlers[:], root.level, logging.root.manager.disable
     had_group = torch.distributed.is_available() and torch.distributed.is_initialized()
+    hook = sys.excepthook  # torch.distributed's init_process_group wraps it (a "[rankR]: " prefix per line)
     try:
+        sys.excepthook = refusal_exit.excepthook  # a fresh process's, with the plugin
         _forget_best()
         os.chdir(cwd)
         sys.argv = list(argv)
@@ -100,6 +104,7 @@ def _process_state(argv, cwd, extra_env):
     finally:
         os.chdir(saved_cwd)
         sys.argv = saved_argv
+        sys.excepthook = hook
         sys.path[:] = saved_path
         os.environ.clear()
         os.environ.update(saved_env)
@@ -117,8 +122,9 @@ def _process_state(argv, cwd, extra_env):
 
 def call(cmd, cwd, **extra_env):
     """Runs `cmd` (see `entry_point`) in this process in directory `cwd`; returns (exit status, stdout
-    and stderr as one text). An exception escaping the tool is printed as Python prints it at exit
-    (traceback, last line `module.Error: message`) and gives status 1; SystemExit gives its code."""
+    and stderr as one text). An exception escaping the tool is printed as Python prints it at exit, by
+    sys.excepthook (a traceback, last line `module.Error: message`; the plugin's refusals: `PROG: error:
+    message` alone, patches/refusal_exit.py) and gives status 1; SystemExit gives its code."""
     rc, out, _ = _call(cmd, cwd, extra_env, split=False)
     return rc, out
 
@@ -151,8 +157,8 @@ def _call(cmd, cwd, extra_env, split):
             rc = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
             if not isinstance(e.code, (int, type(None))):
                 print(e.code, file=sys.stderr)
-        except Exception:  # noqa: BLE001  (what the interpreter would print and exit 1 on)
-            traceback.print_exc()
+        except Exception:  # noqa: BLE001  (what the interpreter would print, by sys.excepthook, and exit 1 on)
+            sys.excepthook(*sys.exc_info())
             rc = 1
         finally:
             from fairseq_lightseq.patches.clean_exit import stop_data_buffer_threads
