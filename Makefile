@@ -2,6 +2,8 @@
 #   make test   sets up .venv from scratch if needed, builds the extension, checks every CUDA file
 #               compiles (sm_80, sm_90) and runs the test suite.
 #   make demo   sets up and runs the main job (train, decode, score BLEU).
+#   make test-cuda-emulated [TESTS=...]   runs the CUDA tests on the emulated device (csrc/emulation/); part
+#               of make test.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -13,10 +15,40 @@ PYTEST_ARGS ?=
 DATA ?=
 DEMO_ARGS ?=
 
-.PHONY: test demo setup build cuda-check bench clean
+.PHONY: test demo setup build cuda-check bench clean emulated test-cuda-emulated
 
 test: setup cuda-check
 	FLS_REQUIRE_KERNELS=1 $(PY) -m pytest $(PYTEST_ARGS) tests
+	$(MAKE) --no-print-directory test-cuda-emulated
+
+# The emulated CUDA device: csrc/cuda/*.cu compiled by the host compiler with the emulation header, as one
+# shared library that fairseq_lightseq/ops/_backend.py loads before _C when FLS_CUDA_EMULATION=1.
+EMU_SRCS := $(wildcard csrc/cuda/*.cu) csrc/emulation/scheduler.cpp
+EMU_HDRS := $(wildcard csrc/cuda/*.cuh csrc/include/fls/*.h csrc/kernels/*.h csrc/emulation/*.h)
+EMU_LIB := fairseq_lightseq/_cuda_emulated.so
+EMU_CXX ?= g++
+EMU_FLAGS := -std=c++20 -O2 -g -fPIC -DFLS_CUDA_EMULATION -I/usr/local/cuda/include -Icsrc/include -Icsrc/emulation
+EMU_OBJS := $(patsubst csrc/%,build/emulation/%.o,$(EMU_SRCS))
+
+build/emulation/%.cu.o: csrc/%.cu $(EMU_HDRS)
+	@mkdir -p $(dir $@)
+	$(EMU_CXX) $(EMU_FLAGS) -x c++ -include csrc/emulation/cuda_emulation.h -c $< -o $@
+
+build/emulation/%.cpp.o: csrc/%.cpp $(EMU_HDRS)
+	@mkdir -p $(dir $@)
+	$(EMU_CXX) $(EMU_FLAGS) -c $< -o $@
+
+$(EMU_LIB): $(EMU_OBJS)
+	$(EMU_CXX) -shared -o $@ $^
+
+emulated: $(EMU_LIB)
+
+# Both schedules of the emulator (thread order, then a seeded random order); TESTS picks a subset.
+TESTS ?= tests
+test-cuda-emulated: build emulated
+	FLS_CUDA_EMULATION=1 $(PY) -m pytest -q -m cuda_emulated $(PYTEST_ARGS) $(TESTS)
+	FLS_CUDA_EMULATION=1 FLS_EMULATION_SCHEDULE=random FLS_EMULATION_SEED=1 \
+	  $(PY) -m pytest -q -m cuda_emulated $(PYTEST_ARGS) $(TESTS)
 
 # Pinned stack. torch first and exactly pinned (an unpinned one pulls a multi-GB CUDA build); fairseq
 # after it without build isolation for the same reason. ctranslate2 (for the CTranslate2 export test;

@@ -9,6 +9,7 @@
 #include "fls/label_smoothing.h"
 #include "launch.cuh"
 #include "reduce.cuh"
+#include "shared_memory.cuh"
 
 namespace fls {
 namespace cuda {
@@ -36,7 +37,7 @@ __global__ void __launch_bounds__(kThreads) ls_xent_fwd_kernel(const T* __restri
                                                                float* __restrict__ loss, float* __restrict__ nll,
                                                                float* __restrict__ lse, int64_t V, LsCoef<float> c,
                                                                int64_t ignore_index) {
-  __shared__ float scratch[32];
+  FLS_SHARED(float, scratch, [32]);
   const int64_t row = blockIdx.x;
   const int64_t t = target[row];
   if (t == ignore_index) {  // uniform over the block: no thread reaches a barrier
@@ -45,18 +46,21 @@ __global__ void __launch_bounds__(kThreads) ls_xent_fwd_kernel(const T* __restri
   }
   if (t < 0 || t >= V) report_bad_target(row, t, V, ignore_index);  // uniform over the block
   const T* z = logits + row * V;
-  // Per-thread running max m, s = sum exp(z - m), d = sum (m - z), over cnt elements.
+  // Per-thread running max m, s = sum exp(z - m), d = sum (m - z), over the cnt finite elements. A -inf logit
+  // adds exp(-inf) = 0 to s and +inf to d (as on the CPU) outside the running update, where it would make
+  // exp(-inf - -inf) = NaN.
   float m = -INFINITY, s = 0.f, d = 0.f, cnt = 0.f;
-  int64_t v = threadIdx.x;
-  if (v < V) {
-    m = to_float(z[v]);
-    s = 1.f;
-    cnt = 1.f;
-    v += blockDim.x;
-  }
-  for (; v < V; v += blockDim.x) {
+  bool neg_inf = false;
+  for (int64_t v = threadIdx.x; v < V; v += blockDim.x) {
     const float x = to_float(z[v]);
-    if (x > m) {
+    if (x == -INFINITY) {
+      neg_inf = true;
+      continue;
+    }
+    if (cnt == 0.f) {
+      m = x;
+      s = 1.f;
+    } else if (x > m) {
       s = s * __expf(m - x) + 1.f;
       d += cnt * (x - m);
       m = x;
@@ -67,9 +71,9 @@ __global__ void __launch_bounds__(kThreads) ls_xent_fwd_kernel(const T* __restri
     cnt += 1.f;
   }
   const float M = block_max(m, scratch);
-  // Threads without elements (V < blockDim.x) contribute nothing (avoids 0 * inf).
+  // Threads without finite elements (V < blockDim.x) contribute nothing (avoids 0 * inf).
   const float s_part = cnt > 0.f ? s * __expf(m - M) : 0.f;
-  const float d_part = cnt > 0.f ? d + cnt * (M - m) : 0.f;
+  const float d_part = (cnt > 0.f ? d + cnt * (M - m) : 0.f) + (neg_inf ? INFINITY : 0.f);
   const float S = block_sum(s_part, scratch);
   const float D = block_sum(d_part, scratch);
   if (threadIdx.x == 0) {
@@ -113,7 +117,7 @@ int ls_cross_entropy_fwd(const LsCrossEntropyFwdParams& p, void* stream) {
   if (p.rows == 0) return 0;
   auto s = static_cast<cudaStream_t>(stream);
   const LsCoef<float> c = ls_coef<float>(p.epsilon, p.V);
-  FLS_CUDA_DISPATCH(p.dtype, ls_xent_fwd_kernel<scalar_t><<<static_cast<unsigned>(p.rows), kThreads, 0, s>>>(
+  FLS_CUDA_DISPATCH(p.dtype, launch<ls_xent_fwd_kernel<scalar_t>>(static_cast<unsigned>(p.rows), kThreads, 0, s,
                                  static_cast<const scalar_t*>(p.logits), p.target, static_cast<float*>(p.loss),
                                  static_cast<float*>(p.nll), static_cast<float*>(p.lse), p.V, c, p.ignore_index));
   FLS_CUDA_RETURN_LAST_ERROR();
@@ -123,7 +127,7 @@ int ls_cross_entropy_bwd(const LsCrossEntropyBwdParams& p, void* stream) {
   if (p.rows == 0) return 0;
   auto s = static_cast<cudaStream_t>(stream);
   const LsCoef<float> c = ls_coef<float>(p.epsilon, p.V);
-  FLS_CUDA_DISPATCH(p.dtype, ls_xent_bwd_kernel<scalar_t><<<static_cast<unsigned>(p.rows), kThreads, 0, s>>>(
+  FLS_CUDA_DISPATCH(p.dtype, launch<ls_xent_bwd_kernel<scalar_t>>(static_cast<unsigned>(p.rows), kThreads, 0, s,
                                  static_cast<const float*>(p.dloss), static_cast<const float*>(p.dnll),
                                  static_cast<const scalar_t*>(p.logits), p.target, static_cast<const float*>(p.lse),
                                  static_cast<scalar_t*>(p.dlogits), p.V, c, p.ignore_index));

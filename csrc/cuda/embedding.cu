@@ -213,7 +213,7 @@ void launch_fwd(const int64_t* tokens, const int64_t* positions, const T* weight
     const unsigned grid = static_cast<unsigned>(blocks < kMaxGrid ? blocks : kMaxGrid);
     const int dm = static_cast<int>(dim);
 #define FLS_EMB_FWD_VEC(DROP, POS)                                                                          \
-  emb_fwd_vec_kernel<T, DROP, POS><<<grid, kFwdThreads, 0, st>>>(tokens, positions, weight, pos_weight, out, n, \
+  launch<emb_fwd_vec_kernel<T, DROP, POS>>(grid, kFwdThreads, 0, st, tokens, positions, weight, pos_weight, out, n, \
                                                                  dm, num_embeddings, num_positions,           \
                                                                  padding_idx, scale, d, row_map, tpr)
     if (drop && pos) FLS_EMB_FWD_VEC(true, true);
@@ -225,7 +225,7 @@ void launch_fwd(const int64_t* tokens, const int64_t* positions, const T* weight
   }
   const unsigned grid = static_cast<unsigned>(n < kMaxGrid ? n : kMaxGrid);
 #define FLS_EMB_FWD(DROP, POS)                                                                                 \
-  emb_fwd_kernel<T, DROP, POS><<<grid, kFwdThreads, 0, st>>>(tokens, positions, weight, pos_weight, out, n, dim, \
+  launch<emb_fwd_kernel<T, DROP, POS>>(grid, kFwdThreads, 0, st, tokens, positions, weight, pos_weight, out, n, dim, \
                                                              num_embeddings, num_positions, padding_idx, scale, d, \
                                                              row_map)
   if (drop && pos) FLS_EMB_FWD(true, true);
@@ -243,10 +243,10 @@ int launch_bwd_v(const T* grad, const int64_t* sorted_keys, const int64_t* order
   if (tiles > 65535) return static_cast<int>(cudaErrorInvalidValue);
   const dim3 grid(static_cast<unsigned>(n < kMaxGrid ? n : kMaxGrid), static_cast<unsigned>(tiles));
   if (d.threshold != 0) {
-    emb_bwd_kernel<T, true, V><<<grid, kBwdThreads, 0, st>>>(grad, sorted_keys, order, n, dim, num_rows,
+    launch<emb_bwd_kernel<T, true, V>>(grid, kBwdThreads, 0, st, grad, sorted_keys, order, n, dim, num_rows,
                                                               is_position, mult, d, row_map, out);
   } else {
-    emb_bwd_kernel<T, false, V><<<grid, kBwdThreads, 0, st>>>(grad, sorted_keys, order, n, dim, num_rows,
+    launch<emb_bwd_kernel<T, false, V>>(grid, kBwdThreads, 0, st, grad, sorted_keys, order, n, dim, num_rows,
                                                                is_position, mult, d, row_map, out);
   }
   return 0;

@@ -149,7 +149,7 @@ TORCH_LIBRARY_FRAGMENT(fairseq_lightseq, m) {
 }
 
 TORCH_LIBRARY_IMPL(fairseq_lightseq, CPU, m) {
-  m.impl("adam_step_", &adam_step_cpu);
+  m.impl("adam_step_", FLS_CPU_IMPL(adam_step));
 }
 
 TORCH_LIBRARY_IMPL(fairseq_lightseq, CUDA, m) {

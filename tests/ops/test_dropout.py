@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from support.packing import packed_rows, padding_mask
-from support.tensors import DEVICE_DTYPES, assert_close, assert_same_or_close, randn
+from support.tensors import DEVICE_DTYPES, DEVICES, assert_close, assert_same_or_close, randn
 from fairseq_lightseq import ops
 from fairseq_lightseq.ops import dropout_stream, reference
 from fairseq_lightseq.ops.dropout import BiasActDropoutFunction, BiasDropoutResidualFunction
@@ -107,7 +107,7 @@ def test_gradcheck_bias_act_dropout_float64(act, shape):
     assert torch.autograd.gradcheck(lambda x, b: BiasActDropoutFunction.apply(x, b, 0.4, act, SEED, 0), (x, b))
 
 
-@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+@pytest.mark.parametrize("device", DEVICES)
 def test_float_activations_match_float64_formulas(device):
     """The branch-free float exp/erf/tanh of fls/activations.h (on CUDA with __fdividef for their
     divides) against float64 over a wide range and at extremes where the divides' denominators
@@ -234,7 +234,8 @@ def test_traces_under_torch_compile_fake_tensors():
 
 
 VECTOR_CASES = [pytest.param("cpu", torch.float32, (300, 64), id="cpu-float32-300x64")] + [
-    pytest.param("cuda", dt, shape, id=f"cuda-{str(dt)[6:]}-{shape[0]}x{shape[1]}", marks=pytest.mark.cuda)
+    pytest.param(device, dt, shape, id=f"{name}-{str(dt)[6:]}-{shape[0]}x{shape[1]}", marks=mark)
+    for device, name, mark in [("cuda", "cuda", pytest.mark.cuda), ("cpu", "cuda_emu", pytest.mark.cuda_emulated)]
     for dt in (torch.float16, torch.bfloat16, torch.float32) for shape in [(300, 64), (4097, 1024), (16389, 256)]]
 
 
@@ -472,7 +473,7 @@ def test_row_map_kernels_match_reference(device, dtype, name, offset, C):
         assert_close(a, b, scale=4)
 
 
-@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("cols", [1, 7, 16])
 @pytest.mark.parametrize("offset", [0, 2, (1 << 33) + 3])
 def test_compiled_mask_with_rows_is_the_reference(device, cols, offset):
