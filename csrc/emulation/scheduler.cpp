@@ -1,20 +1,22 @@
 // The emulator's runtime: runs a kernel's grid block by block on the calling OS thread, each CUDA thread of
-// the block on its own fiber (glibc ucontext, a stack each, reused across blocks and launches).
+// the block on its own fiber (a stack each, reused across blocks and launches; switched by the few lines of
+// x86-64 assembly below, which save what the System V ABI has a callee keep: glibc's swapcontext would add
+// two system calls per switch, and a block switches at every barrier and warp operation).
 //
-// A block runs in rounds. In a round every runnable thread runs until it parks (at __syncthreads or a warp
-// operation) or exits; the threads never interleave otherwise, so a missing barrier shows as a stale or
-// poisoned read, never as a lucky interleaving. After a round the warp operations whose lanes are all there
-// complete (the values cross between lanes), and when nothing else can move, a barrier that every thread
-// of the block reached opens. Anything else is a bug of the kernel and fails the launch with an error that
-// names the kernel, the block and the threads: a barrier some thread never reaches (or exited instead), a
-// shuffle whose mask leaves out the caller or names a lane that is missing or gone, lanes of one mask
-// at different operations.
+// A block runs warp by warp. A thread runs until it parks (at __syncthreads or a warp operation) or exits; the
+// threads never interleave otherwise. When the lanes of a warp are all parked, its warp operations whose
+// lanes are all there complete (the values cross between lanes) and those lanes run on, until the whole
+// warp waits at the barrier; then the next warp runs. When every warp waits, a barrier that every thread of
+// the block reached opens. So a missing barrier shows as a stale, poisoned or overwritten read, never as a
+// lucky interleaving. Anything else is a bug of the kernel and fails the launch with an error that names the
+// kernel, the block and the threads: a barrier some thread never reaches (or exited instead), a shuffle
+// whose mask leaves out the caller or names a lane that is missing or gone, lanes of one mask at different
+// operations.
 //
-// FLS_EMULATION_SCHEDULE=random runs the threads of each round, and the blocks of the grid, in a seeded
-// random order (seed FLS_EMULATION_SEED, default 0) instead of thread order: a kernel whose result depends
-// on that order has a race. Launches are serialised (one at a time in the process).
+// FLS_EMULATION_SCHEDULE=random runs the warps between two barriers, the lanes of a warp and the blocks of
+// the grid in a seeded random order (seed FLS_EMULATION_SEED, default 0) instead of index order: a kernel
+// whose result depends on that order has a race. Launches are serialised (one at a time in the process).
 #include <sys/mman.h>
-#include <ucontext.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -28,6 +30,10 @@
 #include <vector>
 
 #include "cuda_emulation.h"
+
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/common_interface_defs.h>
+#endif
 
 namespace fls_emu {
 
@@ -50,8 +56,41 @@ constexpr size_t kStack = 256 * 1024;
 
 enum class State { kRunnable, kBarrier, kWarpOp, kExited };
 
+// fls_emu_switch(save, load): saves the callee-saved registers, the SSE and x87 control words and the stack
+// pointer of the running fiber into *save, and resumes the fiber whose stack pointer is `load`.
+extern "C" void fls_emu_switch(void** save, void* load);
+asm(R"(
+  .text
+  .p2align 4
+  .type fls_emu_switch, @function
+fls_emu_switch:
+  pushq %rbp
+  pushq %rbx
+  pushq %r12
+  pushq %r13
+  pushq %r14
+  pushq %r15
+  subq $8, %rsp
+  stmxcsr (%rsp)
+  fnstcw 4(%rsp)
+  movq %rsp, (%rdi)
+  movq %rsi, %rsp
+  ldmxcsr (%rsp)
+  fldcw 4(%rsp)
+  addq $8, %rsp
+  popq %r15
+  popq %r14
+  popq %r13
+  popq %r12
+  popq %rbx
+  popq %rbp
+  ret
+  .size fls_emu_switch, .-fls_emu_switch
+)");
+
 struct Thread {
-  ucontext_t ctx;
+  void* sp = nullptr;  // the saved stack pointer while parked
+  void* asan_fake_stack = nullptr;  // AddressSanitizer's bookkeeping of the fiber's stack while it is parked
   char* stack = nullptr;
   uint3 idx;
   State state = State::kRunnable;
@@ -73,7 +112,9 @@ struct Launch {
   void* ctx;
   size_t dynamic_bytes;
   std::vector<Thread> threads;
-  ucontext_t scheduler;
+  void* scheduler_sp = nullptr;
+  const void* scheduler_stack = nullptr;  // the scheduler's stack, for AddressSanitizer's fiber switches
+  size_t scheduler_stack_size = 0;
   int current = -1;  // index of the running thread
   bool failed = false;
   Failure failure;
@@ -107,17 +148,53 @@ void fail(Launch& l, cudaError_t code, const std::string& detail) {
 }
 
 // Leaves the running thread's fiber for the scheduler.
+// AddressSanitizer follows the switches between stacks through these (its fiber protocol); no-ops otherwise.
+void entered_fiber(Launch& l, Thread& t) {
+#if defined(__SANITIZE_ADDRESS__)
+  __sanitizer_finish_switch_fiber(t.asan_fake_stack, &l.scheduler_stack, &l.scheduler_stack_size);
+#else
+  (void)l, (void)t;
+#endif
+}
+void leaving_fiber(Launch& l, Thread& t, bool exiting) {
+#if defined(__SANITIZE_ADDRESS__)
+  __sanitizer_start_switch_fiber(exiting ? nullptr : &t.asan_fake_stack, l.scheduler_stack, l.scheduler_stack_size);
+#else
+  (void)l, (void)t, (void)exiting;
+#endif
+}
+
 void park(State s) {
   Launch& l = *g_launch;
   Thread& t = l.threads[l.current];
   t.state = s;
-  swapcontext(&t.ctx, &l.scheduler);
+  leaving_fiber(l, t, s == State::kExited);
+  fls_emu_switch(&t.sp, l.scheduler_sp);
+  entered_fiber(l, t);
 }
 
-void thread_main() {
+// Where a fiber starts (fls_emu_switch's `ret` lands here): runs the kernel for its thread, then parks as
+// exited; the scheduler never resumes an exited fiber.
+[[noreturn]] void thread_main() {
   Launch& l = *g_launch;
+  entered_fiber(l, l.threads[l.current]);
   l.body(l.ctx);
   park(State::kExited);
+  __builtin_unreachable();
+}
+
+// A fresh fiber on `stack` whose first switch enters thread_main: the frame fls_emu_switch pops (control
+// words, six registers), then thread_main as the return address, with the stack aligned as after a call.
+void* fresh_fiber(char* stack) {
+  auto* top = reinterpret_cast<uint64_t*>(reinterpret_cast<uintptr_t>(stack + kStack) & ~uintptr_t(15));
+  uint64_t* sp = top - 1;  // the slot of thread_main's own (never used) return address
+  *--sp = reinterpret_cast<uint64_t>(&thread_main);
+  for (int r = 0; r < 6; ++r) *--sp = 0;
+  uint32_t mxcsr;
+  uint16_t fpcw;
+  asm volatile("stmxcsr %0; fnstcw %1" : "=m"(mxcsr), "=m"(fpcw));
+  *--sp = uint64_t(mxcsr) | uint64_t(fpcw) << 32;
+  return sp;
 }
 
 std::string kernel_name(const char* pretty) {
@@ -156,14 +233,12 @@ std::vector<char*>& stack_pool() {
   return pool;
 }
 
-// The lane of thread t within its warp and the thread index of the warp's lane 0.
-int lane_of(int t) { return t % 32; }
-
-// Completes the warp operations that can complete; returns whether any did. Fails the launch on a misuse.
-bool resolve_warp_ops(Launch& l) {
+// Completes the warp operations of the warp whose lane 0 is thread w0 that can complete; returns whether any
+// did. Fails the launch on a misuse.
+bool resolve_warp_ops(Launch& l, int w0) {
   const int n = static_cast<int>(l.threads.size());
   bool moved = false;
-  for (int w0 = 0; w0 < n; w0 += 32) {
+  {
     const int lanes = std::min(32, n - w0);
     // __activemask: the lanes of the warp that are there together.
     unsigned active = 0;
@@ -177,17 +252,16 @@ bool resolve_warp_ops(Launch& l) {
           l.threads[w0 + i].result = active;
           l.threads[w0 + i].state = State::kRunnable;
         }
-      moved = true;
-      continue;
+      return true;
     }
     for (int i = 0; i < lanes; ++i) {
       const Thread& t = l.threads[w0 + i];
       if (t.state != State::kWarpOp) continue;
-      const std::string op = where(l, w0 + i);
+      auto op = [&] { return where(l, w0 + i); };  // for the messages only (built on failure)
       if (!(t.mask >> i & 1)) {
         fail(l, cudaErrorIllegalInstruction,
              "a warp operation whose mask 0x" + (std::ostringstream() << std::hex << t.mask).str() +
-                 " leaves out the calling lane " + std::to_string(i) + " (" + op + ")");
+                 " leaves out the calling lane " + std::to_string(i) + " (" + op() + ")");
         return false;
       }
       bool ready = true;
@@ -196,20 +270,20 @@ bool resolve_warp_ops(Launch& l) {
         if (j >= lanes) {
           fail(l, cudaErrorIllegalInstruction,
                "a warp operation's mask names lane " + std::to_string(j) + ", which this block does not have (" +
-                   op + ")");
+                   op() + ")");
           return false;
         }
         const Thread& u = l.threads[w0 + j];
         if (u.state == State::kExited) {
           fail(l, cudaErrorIllegalInstruction,
-               "a warp operation's mask names lane " + std::to_string(j) + ", which has exited (" + op + ")");
+               "a warp operation's mask names lane " + std::to_string(j) + ", which has exited (" + op() + ")");
           return false;
         }
         if (u.state != State::kWarpOp) ready = false;
         else if (u.op != t.op || u.mask != t.mask || u.width != t.width) {
           fail(l, cudaErrorIllegalInstruction,
                "lanes " + std::to_string(i) + " and " + std::to_string(j) +
-                   " of one warp wait at different warp operations or masks (" + op + ")");
+                   " of one warp wait at different warp operations or masks (" + op() + ")");
           return false;
         }
       }
@@ -290,26 +364,39 @@ void run_block(Launch& l, std::mt19937_64* rng) {
   for (int t = 0; t < n; ++t) {
     Thread& th = l.threads[t];
     th.state = State::kRunnable;
-    getcontext(&th.ctx);
-    th.ctx.uc_stack.ss_sp = th.stack;
-    th.ctx.uc_stack.ss_size = kStack;
-    th.ctx.uc_link = nullptr;
-    makecontext(&th.ctx, thread_main, 0);
+    th.sp = fresh_fiber(th.stack);
   }
-  std::vector<int> order(n);
-  for (int t = 0; t < n; ++t) order[t] = t;
+  // Warp by warp: a warp runs (its lanes in order, or shuffled) and completes its warp operations until all
+  // its lanes wait at the barrier or have exited, before the next warp starts. So a warp runs as far ahead
+  // of the others as a GPU may let it, and a read of shared memory that another warp overwrites before the
+  // barrier meant to order them sees the new value.
+  const int warps = (n + 31) / 32;
+  std::vector<int> warp_order(warps), lanes(32);
+  for (int w = 0; w < warps; ++w) warp_order[w] = w;
+  for (int i = 0; i < 32; ++i) lanes[i] = i;
   while (!l.failed) {
-    if (rng) std::shuffle(order.begin(), order.end(), *rng);
-    for (int t : order) {
-      Thread& th = l.threads[t];
-      if (th.state != State::kRunnable) continue;
-      l.current = t;
-      thread_idx = th.idx;
-      swapcontext(&l.scheduler, &th.ctx);
-      if (l.failed) return;  // a device assert or a misuse: the launch ends here
+    if (rng) std::shuffle(warp_order.begin(), warp_order.end(), *rng);
+    for (int w : warp_order) {
+      do {
+        if (rng) std::shuffle(lanes.begin(), lanes.end(), *rng);
+        for (int i : lanes) {
+          const int t = w * 32 + i;
+          if (t >= n || l.threads[t].state != State::kRunnable) continue;
+          l.current = t;
+          thread_idx = l.threads[t].idx;
+#if defined(__SANITIZE_ADDRESS__)
+          void* fake_stack = nullptr;
+          __sanitizer_start_switch_fiber(&fake_stack, l.threads[t].stack, kStack);
+          fls_emu_switch(&l.scheduler_sp, l.threads[t].sp);
+          __sanitizer_finish_switch_fiber(fake_stack, nullptr, nullptr);
+#else
+          fls_emu_switch(&l.scheduler_sp, l.threads[t].sp);
+#endif
+          if (l.failed) return;  // a device assert or a misuse: the launch ends here
+        }
+      } while (resolve_warp_ops(l, w * 32));
+      if (l.failed) return;
     }
-    if (resolve_warp_ops(l)) continue;
-    if (l.failed) return;
     int at_barrier = 0, exited = 0;
     for (const Thread& th : l.threads) {
       at_barrier += th.state == State::kBarrier;

@@ -234,7 +234,8 @@ at::Tensor dropout_mask(int64_t numel, double p, int64_t seed, int64_t offset, a
   if (device.is_cpu() && !cuda_emulation_on()) {
     cpu::dropout_mask(op.params);
   } else {
-    TORCH_CHECK(kWithCuda, "dropout_mask: fairseq_lightseq was built without CUDA, cannot draw on ", device);
+    TORCH_CHECK(kWithCuda || cuda_emulation_on(),
+                "dropout_mask: fairseq_lightseq was built without CUDA, cannot draw on ", device);
     const c10::DeviceGuard guard(op.keep.device());
     FLS_CHECK_LAUNCH(cuda::dropout_mask(op.params, stream_of(op.keep)));
   }

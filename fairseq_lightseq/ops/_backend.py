@@ -16,8 +16,10 @@ NAMESPACE = "fairseq_lightseq"
 
 # The emulated CUDA device (csrc/emulation/, a test build: `make emulated`): with FLS_CUDA_EMULATION=1 its
 # library is loaded before _C, so that _C's CUDA implementations find the emulated kernel launchers, and
-# emulated_cuda() runs them on CPU tensors. Never loaded otherwise.
-EMULATION_LIBRARY = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "_cuda_emulated.so")
+# emulated_cuda() runs them on CPU tensors. Never loaded otherwise. FLS_CUDA_EMULATION_LIBRARY names another
+# build of it (scripts/cuda_mutants.py).
+EMULATION_LIBRARY = os.environ.get("FLS_CUDA_EMULATION_LIBRARY") or os.path.join(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "_cuda_emulated.so")
 EMULATION_LOADED = False
 if os.environ.get("FLS_CUDA_EMULATION") == "1":
     if torch.version.cuda is not None:

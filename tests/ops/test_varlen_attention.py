@@ -356,6 +356,9 @@ def test_cuda_equals_cpu_at_model_head_dims(device, dtype, D):
         y, g = dev.run(_ours, causal, draw)
         with cpu_kernels():
             yc, gc = cpu.run(_ours, causal, draw, grad=randn(*y.shape, dtype=dtype, seed=9).float())
-        assert_close(y.cpu(), yc, dtype=dtype, scale=2)
+        # The two devices sum in different orders: rounding grows with the summands, here up to ~30 (q, k ~ 2x
+        # randn over 129 keys), so the tolerance scales with the tensor's largest value (both stay as close to
+        # the float64 reference as each other).
+        assert_close(y.cpu(), yc, dtype=dtype, scale=2 * max(1.0, yc.abs().max().item()))
         for a, b in zip(g, gc):
-            assert_close(a.cpu(), b, dtype=dtype, scale=8)
+            assert_close(a.cpu(), b, dtype=dtype, scale=2 * max(1.0, b.abs().max().item()))
