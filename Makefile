@@ -21,6 +21,43 @@ test: setup cuda-check
 	FLS_REQUIRE_KERNELS=1 $(PY) -m pytest $(PYTEST_ARGS) tests
 	$(MAKE) --no-print-directory test-cuda-emulated
 
+# Pinned stack. torch first and exactly pinned (an unpinned one pulls a multi-GB CUDA build); fairseq
+# after it without build isolation for the same reason. ctranslate2 (for the CTranslate2 export test;
+# needs only numpy and pyyaml, so it leaves torch and numpy as they are) is optional: a platform without
+# its wheel still sets up.
+$(VENV)/.deps-installed:
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q numpy cython setuptools wheel pybind11 ninja pytest sacrebleu sentencepiece
+	$(PIP) install -q --no-build-isolation fairseq-fixed==0.12.3.1
+	$(PIP) install -q ctranslate2 || echo "NOTE: ctranslate2 not installed; tests/e2e/test_ctranslate2.py will be skipped"
+	touch $@
+
+setup: $(VENV)/.deps-installed build
+
+# In-place build (incremental through ninja); the tests import the package from the source tree. The
+# sources are byte-compiled too: where PYTHONDONTWRITEBYTECODE is set, every fairseq process the tests
+# start would otherwise compile the package again (about a second each).
+build: $(VENV)/.deps-installed
+	$(PY) setup.py -q build_ext --inplace
+	$(PY) -m compileall -q fairseq_lightseq scripts tests examples > /dev/null
+
+# Compiles every CUDA file alone with nvcc -c for each arch, as the GPU build would; fails on any error.
+cuda-check:
+	@if [ -z "$(NVCC)" ]; then echo "SKIP cuda-check: nvcc not found (set NVCC=...)"; exit 0; fi; \
+	set -e; for f in csrc/cuda/*.cu; do for a in $(CUDA_ARCHS); do \
+	  echo "nvcc sm_$$a $$f"; \
+	  $(NVCC) -std=c++17 -O3 -Icsrc/include -gencode arch=compute_$$a,code=sm_$$a -c $$f -o /dev/null; \
+	done; done
+
+# The main job; `make demo DATA=DIR` trains on a directory of raw parallel text (e.g. Multi30k).
+demo: setup
+	$(PY) -m fairseq_lightseq.demo $(if $(DATA),--data $(DATA)) $(DEMO_ARGS)
+
+bench: setup
+	$(PY) -m scripts.bench_ops
+
 # The emulated CUDA device: csrc/cuda/*.cu compiled by the host compiler with the emulation header, as one
 # shared library that fairseq_lightseq/ops/_backend.py loads before _C when FLS_CUDA_EMULATION=1; a second
 # build of it under AddressSanitizer (every load and store of the kernels checked against torch's buffers).
@@ -55,21 +92,27 @@ $(EMU_ASAN_LIB): $(patsubst csrc/%,build/emulation-asan/%.o,$(EMU_SRCS))
 
 emulated: $(EMU_LIB) $(EMU_ASAN_LIB)
 
-# Every test marked cuda_emulated, three times: threads in index order, in a seeded random order, and under
-# AddressSanitizer. TESTS picks a subset. Skipped, saying so, without CUDA's headers (CUDA_INCLUDE). One torch
-# thread: the emulator runs on one, and idle OpenMP workers spinning beside it slowed the suite tenfold.
+# Every test marked cuda_emulated, three times: threads in index order, then in a seeded random order, and
+# under AddressSanitizer beside them (the two cores run both). TESTS picks a subset. Skipped, saying so,
+# without CUDA's headers (CUDA_INCLUDE). One torch thread: the emulator runs on one, and idle OpenMP workers
+# spinning beside it slowed the suite tenfold.
 TESTS ?= tests
-EMU_PYTEST = OMP_NUM_THREADS=1 FLS_CUDA_EMULATION=1 $(PY) -m pytest -q -p no:cacheprovider -m cuda_emulated $(PYTEST_ARGS) $(TESTS)
+EMU_PYTEST = OMP_NUM_THREADS=1 FLS_CUDA_EMULATION=1 $(PY) -m pytest -q -p no:cacheprovider -m cuda_emulated \
+	$(PYTEST_ARGS) $(TESTS)
+EMU_ASAN_LOG := build/emulation-asan/pytest.log
 test-cuda-emulated: build
 	@if [ ! -f $(CUDA_INCLUDE)/cuda_runtime.h ]; then \
 	  echo "SKIP test-cuda-emulated: no CUDA headers in $(CUDA_INCLUDE) (set CUDA_INCLUDE=...)"; exit 0; fi; \
-	set -e; $(MAKE) --no-print-directory -j2 emulated; \
-	echo "== emulated CUDA device: threads in index order"; $(EMU_PYTEST); \
+	set -e; $(MAKE) --no-print-directory -j2 emulated; fail=; \
+	echo "== emulated CUDA device under AddressSanitizer: in the background, log $(EMU_ASAN_LOG)"; \
+	( LD_PRELOAD="$(ASAN_RUNTIME)" ASAN_OPTIONS=detect_leaks=0 \
+	  FLS_CUDA_EMULATION_LIBRARY=$(CURDIR)/$(EMU_ASAN_LIB) $(EMU_PYTEST) > $(EMU_ASAN_LOG) 2>&1 ) & asan=$$!; \
+	echo "== emulated CUDA device: threads in index order"; $(EMU_PYTEST) || fail=1; \
 	echo "== emulated CUDA device: seeded random order"; \
-	FLS_EMULATION_SCHEDULE=random FLS_EMULATION_SEED=1 $(EMU_PYTEST); \
-	echo "== emulated CUDA device: AddressSanitizer"; \
-	LD_PRELOAD="$(ASAN_RUNTIME)" ASAN_OPTIONS=detect_leaks=0 FLS_CUDA_EMULATION_LIBRARY=$(CURDIR)/$(EMU_ASAN_LIB) \
-	  $(EMU_PYTEST)
+	FLS_EMULATION_SCHEDULE=random FLS_EMULATION_SEED=1 $(EMU_PYTEST) || fail=1; \
+	wait $$asan || fail=1; \
+	echo "== emulated CUDA device under AddressSanitizer:"; tail -n 40 $(EMU_ASAN_LOG); \
+	[ -z "$$fail" ]
 
 clean:
 	rm -rf build fairseq_lightseq/*.so

@@ -18,8 +18,10 @@ namespace {
 constexpr int kThreads = 256;
 
 // A target outside [0, V) that is not ignore_index: printed once per row (thread 0), then a device assert.
-// Checked here rather than on the host, where it would cost a device sync per call. Not inlined and
-// noreturn: the kernel keeps no registers live across this cold call.
+// Checked here rather than on the host, where it would cost a device sync per call. Called by every thread of
+// the block (the target is the block's): the barrier keeps any thread from failing the launch before thread 0
+// has printed the line the assert refers to. Not inlined and noreturn: the kernel keeps no registers live
+// across this cold call.
 [[noreturn]] __device__ __noinline__ void report_bad_target(int64_t row, int64_t t, int64_t V, int64_t ignore_index) {
   if (threadIdx.x == 0) {
     printf("label_smoothed_cross_entropy: target[%lld] = %lld is out of range for V = %lld classes "
@@ -27,6 +29,7 @@ constexpr int kThreads = 256;
            static_cast<long long>(row), static_cast<long long>(t), static_cast<long long>(V),
            static_cast<long long>(V), static_cast<long long>(ignore_index));
   }
+  __syncthreads();
   __assert_fail("label_smoothed_cross_entropy: target out of range (see the line above)", __FILE__, __LINE__,
                 "report_bad_target");
 }

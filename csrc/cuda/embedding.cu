@@ -24,10 +24,12 @@ constexpr unsigned kMaxGrid = 65535u * 16u;
 
 // Prints the bad id and the limit once per warp that meets it, then fails a device assert (as PyTorch's
 // embedding does: the kernel aborts and the next CUDA call of the process reports the error). Every
-// thread that meets a bad id stops there, so none of them reads or writes out of bounds. Not inlined and
-// noreturn: the kernels then keep no registers live across this cold call (no spills).
+// thread that meets a bad id stops there, so none of them reads or writes out of bounds; the lanes wait for
+// their printing lane (__syncwarp) so that no lane fails the launch before the line is printed. Not inlined
+// and noreturn: the kernels then keep no registers live across this cold call (no spills).
 [[noreturn]] __device__ __noinline__ void report_bad_id(int64_t id, int64_t limit, bool is_position) {
-  if ((threadIdx.x & 31) == static_cast<unsigned>(__ffs(__activemask()) - 1)) {
+  const unsigned active = __activemask();
+  if ((threadIdx.x & 31) == static_cast<unsigned>(__ffs(active) - 1)) {
     const char* what = is_position ? "position" : "token id";
     const char* limit_name = is_position ? "max positions" : "num_embeddings";
     if (id < 0) {
@@ -37,6 +39,7 @@ constexpr unsigned kMaxGrid = 65535u * 16u;
              static_cast<long long>(limit), static_cast<long long>(limit - 1));
     }
   }
+  __syncwarp(active);
   __assert_fail("embedding: id out of range (see the line above)", __FILE__, __LINE__, "report_bad_id");
 }
 

@@ -235,17 +235,18 @@ def test_traces_under_torch_compile_fake_tensors():
 
 
 # On the emulated device narrower rows reach the same paths (vectors, the general fallback past the vector
-# row limit, several column-sum chunks, 16 rows a thread from 16384 rows) at a tenth of the elements.
-VECTOR_CASES = [pytest.param("cpu", torch.float32, (300, 64), id="cpu-float32-300x64")] + [
-    pytest.param(device, dt, shape, id=f"{name}-{str(dt)[6:]}-{shape[0]}x{shape[1]}", marks=mark)
-    for device, name, mark, shapes in [
-        ("cuda", "cuda", pytest.mark.cuda, [(300, 64), (4097, 1024), (16389, 256)]),
-        ("cpu", "cuda_emu", pytest.mark.cuda_emulated, [(300, 64), (1031, 264), (16389, 16)])]
-    for dt in (torch.float16, torch.bfloat16, torch.float32) for shape in shapes]
+# row limit, several column-sum chunks, 16 rows a thread from 16384 rows) at a tenth of the elements, and two
+# offsets (a multiple of 4 and not) the two kinds of Philox group alignment.
+VECTOR_CASES = [pytest.param("cpu", torch.float32, (300, 64), offset, id=f"cpu-float32-300x64-{offset}")
+                for offset in (0, 4, 1 << 33, 2)] + [
+    pytest.param(device, dt, shape, offset, id=f"{name}-{str(dt)[6:]}-{shape[0]}x{shape[1]}-{offset}", marks=mark)
+    for device, name, mark, shapes, offsets in [
+        ("cuda", "cuda", pytest.mark.cuda, [(300, 64), (4097, 1024), (16389, 256)], (0, 4, 1 << 33, 2)),
+        ("cpu", "cuda_emu", pytest.mark.cuda_emulated, [(300, 64), (1031, 264), (16389, 16)], (1 << 33, 2))]
+    for dt in (torch.float16, torch.bfloat16, torch.float32) for shape in shapes for offset in offsets]
 
 
-@pytest.mark.parametrize("device,dtype,shape", VECTOR_CASES)
-@pytest.mark.parametrize("offset", [0, 4, 1 << 33, 2])
+@pytest.mark.parametrize("device,dtype,shape,offset", VECTOR_CASES)
 def test_vector_paths_match_reference(device, dtype, shape, offset):
     """The CUDA fast paths (16-byte vectors, one Philox call per 4 elements, multi-chunk column sums,
     the 16-rows-per-thread backward from 16384 rows) and their fallbacks: an offset that is not a

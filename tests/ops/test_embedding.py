@@ -1,21 +1,16 @@
 """embedding: token lookup * scale + positions + dropout, the kernels against the reference and fairseq; with a
 row map (packed tokens), the padded call's rows."""
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
 
 from support.packing import packed_rows, padding_mask
-from support.tensors import (CHILD_DEVICE_PRELUDE, CUDA_DEVICES, DEVICE_DTYPES, assert_close, assert_same_or_close,
-                             cpu_kernels, randn)
+from support import device_assert
+from support.tensors import CUDA_DEVICES, DEVICE_DTYPES, assert_close, assert_same_or_close, cpu_kernels, randn
 from fairseq_lightseq import ops
 from fairseq_lightseq.ops import dropout_stream, reference
 from fairseq_lightseq.ops.embedding import EmbeddingFunction
 
 PAD = 1
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # (B, T, E, V): odd hidden sizes, T=1, batch 1; small V so that tokens repeat.
 SHAPES = [(1, 1, 7, 11), (3, 11, 129, 50), (2, 17, 512, 300), (1, 6, 512, 9), (4, 1, 129, 40)]
 LAYOUTS = ["right", "left", "none", "all_pad_row", "repeated"]
@@ -356,16 +351,13 @@ print("NO ERROR")
 )
 def test_cuda_bad_token_names_the_limit(device, op, tokens, positions, match):
     """On CUDA the ids are checked inside the kernels (a host-side check would sync the stream on every
-    call): a bad id prints the id and the limit and fails a device assert, which leaves the process's CUDA context unusable,
-    so the bad call runs in a child process whose output and exit status are checked."""
+    call): a bad id prints the id and the limit and fails a device assert (support.device_assert)."""
     if positions == "None":
         positions = "None" if op == "bwd" else "torch.tensor([[2, 3]], device=DEVICE)"
-    code = CHILD_DEVICE_PRELUDE.format(device=device) + _BAD_ID_CHILD.format(tokens=tokens, positions=positions, op=op, pad=PAD,
+    code = _BAD_ID_CHILD.format(tokens=tokens, positions=positions, op=op, pad=PAD,
                                 num_pos=0 if positions == "None" else 12)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
-    out = r.stdout + r.stderr
-    assert r.returncode != 0 and "NO ERROR" not in out, out[-3000:]
+    failed, out = device_assert.run(code, device)
+    assert failed and "NO ERROR" not in out, out[-3000:]
     assert match in out, out[-3000:]
 
 

@@ -20,15 +20,6 @@ def cpu_kernels():
     return _backend.emulated_cuda(False)
 
 
-# Run first in a child process that tests the CUDA kernels on `device` ("cuda", or "cpu" for the emulated device).
-CHILD_DEVICE_PRELUDE = """
-import torch
-from fairseq_lightseq.ops import _backend
-DEVICE = {device!r}
-if DEVICE == "cpu":
-    _backend.emulated_cuda().__enter__()
-"""
-
 # (device, dtype) pairs every op is checked on: CPU float32/float64/bfloat16, CUDA fp32/fp16/bf16 on a GPU
 # and on the emulated device.
 CPU_DTYPES = [torch.float32, torch.float64, torch.bfloat16]
