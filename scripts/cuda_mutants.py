@@ -3,12 +3,12 @@ against the emulated tests that cover it.
 
     python -m scripts.cuda_mutants [--only N ...] [--json FILE]
 
-For every mutant: a copy of csrc/ with one edit of one kernel file, the emulated library built from that copy
-under AddressSanitizer (csrc/emulation/, as `make emulated` builds its ASan variant), and `pytest -m
-cuda_emulated -x` over the mutant's tests with FLS_CUDA_EMULATION_LIBRARY pointing at it; once in thread order
-and, where that passes, in a seeded random order. One row per mutant: the file, the bug, and the
-test that caught it or NOT CAUGHT. The exit status is 1 when a mutant was not caught (or its edit no longer
-applies to the sources). Needs the extension built in place (`make build`) and CUDA's headers.
+For every mutant: a copy of csrc/ with one edit of one kernel file, the emulated library under
+AddressSanitizer rebuilt from that copy (the files the edit reaches; the others are `make emulated`'s objects),
+and `pytest -m cuda_emulated -x` over the mutant's tests with FLS_CUDA_EMULATION_LIBRARY pointing at it; once
+in thread order and, where that passes, in a seeded random order. One row per mutant: the file, the bug, and
+the test that caught it or NOT CAUGHT. The exit status is 1 when a mutant was not caught (or its edit no longer
+applies to the sources). Needs `make build emulated` done and CUDA's headers.
 """
 import argparse
 import glob
@@ -90,20 +90,39 @@ MUTANTS = [
 ]
 
 
-def _emulation_flags():
-    return ["-std=c++20", "-g", "-O1", "-fPIC", "-fsanitize=address", "-DFLS_CUDA_EMULATION", f"-I{CUDA_INCLUDE}",
-            "-Icsrc/include", "-Icsrc/emulation"]
+# As the Makefile builds the AddressSanitizer variant (EMU_FLAGS -fsanitize=address).
+FLAGS = ["-std=c++20", "-O2", "-fPIC", "-fsanitize=address", "-DFLS_CUDA_EMULATION", f"-I{CUDA_INCLUDE}",
+         "-Icsrc/include", "-Icsrc/emulation"]
+PREBUILT = os.path.join(ROOT, "build/emulation-asan")
 
 
-def build(src_root: str, out: str, jobs: int) -> None:
-    """The emulated library from the csrc/ under src_root, into out (objects beside it)."""
+def reached(mutated: str) -> set:
+    """The .cu files of csrc/cuda that include `mutated` (a file name there), directly or through headers."""
+    names, grew = {mutated}, True
+    while grew:
+        grew = False
+        for path in glob.glob(os.path.join(ROOT, "csrc/cuda/*.cu*")):
+            name = os.path.basename(path)
+            if name not in names and any(f'#include "{n}"' in open(path).read() for n in names):
+                names.add(name)
+                grew = True
+    return {n for n in names if n.endswith(".cu")}
+
+
+def build(src_root: str, out: str, mutated: str, jobs: int) -> None:
+    """The emulated library into out: the .cu files the edit of `mutated` reaches compiled from the csrc/ under
+    src_root (objects beside out), every other object `make emulated`'s."""
     objs, cmds = [], []
-    for cu in sorted(glob.glob(os.path.join(src_root, "csrc/cuda/*.cu"))) + [
-            os.path.join(src_root, "csrc/emulation/scheduler.cpp")]:
-        obj = os.path.join(os.path.dirname(out), os.path.basename(cu) + ".o")
-        lang = ["-x", "c++", "-include", "csrc/emulation/cuda_emulation.h"] if cu.endswith(".cu") else []
-        cmds.append(["g++", *_emulation_flags(), *lang, "-c", cu, "-o", obj])
+    rebuild = reached(mutated)
+    for cu in sorted(glob.glob(os.path.join(src_root, "csrc/cuda/*.cu"))):
+        name = os.path.basename(cu)
+        if name not in rebuild:
+            objs.append(os.path.join(PREBUILT, "cuda", name + ".o"))
+            continue
+        obj = os.path.join(os.path.dirname(out), name + ".o")
+        cmds.append(["g++", *FLAGS, "-x", "c++", "-include", "csrc/emulation/cuda_emulation.h", "-c", cu, "-o", obj])
         objs.append(obj)
+    objs.append(os.path.join(PREBUILT, "emulation", "scheduler.cpp.o"))
     running = []
     for cmd in cmds:
         running.append(subprocess.Popen(cmd, cwd=src_root, stderr=subprocess.PIPE, text=True))
@@ -147,6 +166,9 @@ def main(argv=None) -> int:
     if not os.path.exists(os.path.join(CUDA_INCLUDE, "cuda_runtime.h")):
         print(f"cuda_mutants: CUDA's headers are not in {CUDA_INCLUDE} (set CUDA_INCLUDE)", file=sys.stderr)
         return 2
+    if not os.path.exists(os.path.join(PREBUILT, "emulation", "scheduler.cpp.o")):
+        print("cuda_mutants: run `make emulated` first (the unmutated objects)", file=sys.stderr)
+        return 2
     chosen = [(i + 1, m) for i, m in enumerate(MUTANTS) if not args.only or i + 1 in args.only]
     rows, missed = [], 0
     print(f"{'#':>2}  {'file':22} {'caught by':60} bug")
@@ -165,7 +187,7 @@ def main(argv=None) -> int:
                 open(path, "w").write(text.replace(m.old, m.new, 1))
                 lib = os.path.join(src, "lib", "_cuda_emulated.so")
                 os.makedirs(os.path.dirname(lib))
-                build(src, lib, args.jobs)
+                build(src, lib, m.file, args.jobs)
                 caught, by = run_tests(lib, m.tests, "ordered")
                 if not caught:
                     caught, by = run_tests(lib, m.tests, "random")
