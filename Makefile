@@ -2,6 +2,8 @@
 #   make test   sets up .venv from scratch if needed, builds the extension, checks every CUDA file
 #               compiles (sm_80, sm_90) and runs the test suite.
 #   make demo   sets up and runs the main job (train, decode, score BLEU).
+#   make test-cuda-emulated [TESTS=...]   runs the CUDA tests on the emulated device (csrc/emulation/); part
+#               of make test.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -13,10 +15,11 @@ PYTEST_ARGS ?=
 DATA ?=
 DEMO_ARGS ?=
 
-.PHONY: test demo setup build cuda-check bench clean
+.PHONY: test demo setup build cuda-check bench clean emulated test-cuda-emulated
 
 test: setup cuda-check
 	FLS_REQUIRE_KERNELS=1 $(PY) -m pytest $(PYTEST_ARGS) tests
+	$(MAKE) --no-print-directory test-cuda-emulated
 
 # Pinned stack. torch first and exactly pinned (an unpinned one pulls a multi-GB CUDA build); fairseq
 # after it without build isolation for the same reason. ctranslate2 (for the CTranslate2 export test;
@@ -54,6 +57,63 @@ demo: setup
 
 bench: setup
 	$(PY) -m scripts.bench_ops
+
+# The emulated CUDA device: csrc/cuda/*.cu compiled by the host compiler with the emulation header, as one
+# shared library that fairseq_lightseq/ops/_backend.py loads before _C when FLS_CUDA_EMULATION=1; a second
+# build of it under AddressSanitizer (every load and store of the kernels checked against torch's buffers).
+CUDA_INCLUDE ?= /usr/local/cuda/include
+EMU_SRCS := $(wildcard csrc/cuda/*.cu) csrc/emulation/scheduler.cpp
+EMU_HDRS := $(wildcard csrc/cuda/*.cuh csrc/include/fls/*.h csrc/kernels/*.h csrc/emulation/*.h)
+EMU_CXX ?= g++
+EMU_FLAGS := -std=c++20 -O2 -fPIC -DFLS_CUDA_EMULATION -I$(CUDA_INCLUDE) -Icsrc/include -Icsrc/emulation
+EMU_LIB := fairseq_lightseq/_cuda_emulated.so
+EMU_ASAN_LIB := fairseq_lightseq/_cuda_emulated_asan.so
+# Preloaded into python for the AddressSanitizer run; libstdc++ too, or ASan cannot find the __cxa_throw
+# it intercepts (torch's errors are C++ exceptions).
+ASAN_RUNTIME = $(shell $(EMU_CXX) -print-file-name=libasan.so) $(shell $(EMU_CXX) -print-file-name=libstdc++.so)
+
+build/emulation/%.cu.o: csrc/%.cu $(EMU_HDRS)
+	@mkdir -p $(dir $@)
+	$(EMU_CXX) $(EMU_FLAGS) -x c++ -include csrc/emulation/cuda_emulation.h -c $< -o $@
+build/emulation/%.cpp.o: csrc/%.cpp $(EMU_HDRS)
+	@mkdir -p $(dir $@)
+	$(EMU_CXX) $(EMU_FLAGS) -c $< -o $@
+build/emulation-asan/%.cu.o: csrc/%.cu $(EMU_HDRS)
+	@mkdir -p $(dir $@)
+	$(EMU_CXX) $(EMU_FLAGS) -fsanitize=address -x c++ -include csrc/emulation/cuda_emulation.h -c $< -o $@
+build/emulation-asan/%.cpp.o: csrc/%.cpp $(EMU_HDRS)
+	@mkdir -p $(dir $@)
+	$(EMU_CXX) $(EMU_FLAGS) -fsanitize=address -c $< -o $@
+
+$(EMU_LIB): $(patsubst csrc/%,build/emulation/%.o,$(EMU_SRCS))
+	$(EMU_CXX) -shared -o $@ $^
+$(EMU_ASAN_LIB): $(patsubst csrc/%,build/emulation-asan/%.o,$(EMU_SRCS))
+	$(EMU_CXX) -shared -fsanitize=address -o $@ $^
+
+emulated: $(EMU_LIB) $(EMU_ASAN_LIB)
+
+# Every test marked cuda_emulated, three times: threads in index order, then in a seeded random order, and
+# under AddressSanitizer beside them (the two cores run both; the end-to-end training runs, which reach no
+# kernel path the op tests do not, are left out there). TESTS picks a subset. Skipped, saying so,
+# without CUDA's headers (CUDA_INCLUDE). One torch thread: the emulator runs on one, and idle OpenMP workers
+# spinning beside it slowed the suite tenfold.
+TESTS ?= tests
+EMU_PYTEST = OMP_NUM_THREADS=1 FLS_CUDA_EMULATION=1 $(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+EMU_ASAN_LOG := build/emulation-asan/pytest.log
+test-cuda-emulated: build
+	@if [ ! -f $(CUDA_INCLUDE)/cuda_runtime.h ]; then \
+	  echo "SKIP test-cuda-emulated: no CUDA headers in $(CUDA_INCLUDE) (set CUDA_INCLUDE=...)"; exit 0; fi; \
+	set -e; $(MAKE) --no-print-directory -j2 emulated; fail=; \
+	echo "== emulated CUDA device under AddressSanitizer: in the background, log $(EMU_ASAN_LOG)"; \
+	( LD_PRELOAD="$(ASAN_RUNTIME)" ASAN_OPTIONS=detect_leaks=0 \
+	  FLS_CUDA_EMULATION_LIBRARY=$(CURDIR)/$(EMU_ASAN_LIB) $(EMU_PYTEST) -m "cuda_emulated and not e2e" \
+	  $(TESTS) > $(EMU_ASAN_LOG) 2>&1 ) & asan=$$!; \
+	echo "== emulated CUDA device: threads in index order"; $(EMU_PYTEST) -m cuda_emulated $(TESTS) || fail=1; \
+	echo "== emulated CUDA device: seeded random order"; \
+	FLS_EMULATION_SCHEDULE=random FLS_EMULATION_SEED=1 $(EMU_PYTEST) -m cuda_emulated $(TESTS) || fail=1; \
+	wait $$asan || fail=1; \
+	echo "== emulated CUDA device under AddressSanitizer:"; tail -n 40 $(EMU_ASAN_LOG); \
+	[ -z "$$fail" ]
 
 clean:
 	rm -rf build fairseq_lightseq/*.so

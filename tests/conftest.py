@@ -12,11 +12,25 @@ TESTS = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(TESTS))  # the source tree (the extension is built in place)
 sys.path.insert(0, TESTS)  # `support`
 
-from support.tensors import HAS_CUDA  # noqa: E402
+from support.tensors import HAS_CUDA, HAS_EMULATED_CUDA  # noqa: E402
+from fairseq_lightseq.ops import _backend  # noqa: E402
 
 
 def pytest_collection_modifyitems(config, items):
     skip = pytest.mark.skip(reason="needs a CUDA device and the CUDA build of fairseq_lightseq._C")
+    skip_emulated = pytest.mark.skip(reason="runs on the emulated CUDA device: make test-cuda-emulated")
     for item in items:
         if "cuda" in item.keywords and not HAS_CUDA:
             item.add_marker(skip)
+        if "cuda_emulated" in item.keywords and not HAS_EMULATED_CUDA:
+            item.add_marker(skip_emulated)
+
+
+@pytest.fixture(autouse=True)
+def _emulated_cuda_device(request):
+    """Tests marked cuda_emulated run with the ops on the emulated CUDA device."""
+    if request.node.get_closest_marker("cuda_emulated") is None:
+        yield
+    else:
+        with _backend.emulated_cuda():
+            yield

@@ -61,7 +61,7 @@ int adam_step(const AdamStepParams& p, const int64_t* chunks, int64_t num_chunks
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
   const int blocks = static_cast<int>(num_chunks < 65535LL * 16 ? num_chunks : 65535LL * 16);
   FLS_CUDA_DISPATCH(p.grad_dtype,
-                    adam_kernel<scalar_t><<<blocks, kThreads, 0, s>>>(p.tensors, chunks, num_chunks, p.coeffs));
+                    launch<adam_kernel<scalar_t>>(blocks, kThreads, 0, s, p.tensors, chunks, num_chunks, p.coeffs));
   FLS_CUDA_RETURN_LAST_ERROR();
 }
 

@@ -239,13 +239,13 @@ int split_heads_add_bias(DType dt, const void* x, int64_t row_stride, const void
         for (int p = 0; p < nparts; ++p) parts.p[p] = static_cast<uint4*>(out[p]);
         dim3 grid, block;
         split_launch_shape(g, grid, block);
-        split_heads_vec_kernel<U><<<grid, block, 0, s>>>(
+        launch<split_heads_vec_kernel<U>>(grid, block, 0, s,
             static_cast<const uint4*>(x), static_cast<uint32_t>(row_stride / Pack<U>::kN),
             static_cast<const uint4*>(bias), parts, g);
       } else {
         Parts<U> parts{};
         for (int p = 0; p < nparts; ++p) parts.p[p] = static_cast<U*>(out[p]);
-        split_heads_kernel<U><<<grid_1d(total, kSplitThreads), kSplitThreads, 0, s>>>(
+        launch<split_heads_kernel<U>>(grid_1d(total, kSplitThreads), kSplitThreads, 0, s,
             static_cast<const U*>(x), row_stride, static_cast<const U*>(bias), parts, nparts, T, B, H, hd);
       });
   FLS_CUDA_RETURN_LAST_ERROR();
@@ -265,12 +265,12 @@ int merge_heads_of_parts(DType dt, const void* const* in, int nparts, void* y, i
         for (int p = 0; p < nparts; ++p) parts.p[p] = const_cast<uint4*>(static_cast<const uint4*>(in[p]));
         dim3 grid, block;
         split_launch_shape(g, grid, block);
-        merge_heads_vec_kernel<<<grid, block, 0, s>>>(parts, static_cast<uint4*>(y),
+        launch<merge_heads_vec_kernel>(grid, block, 0, s, parts, static_cast<uint4*>(y),
                                                       static_cast<uint32_t>(row_stride / Pack<U>::kN), g);
       } else {
         Parts<U> parts{};
         for (int p = 0; p < nparts; ++p) parts.p[p] = const_cast<U*>(static_cast<const U*>(in[p]));
-        merge_heads_kernel<U><<<grid_1d(total, kSplitThreads), kSplitThreads, 0, s>>>(
+        launch<merge_heads_kernel<U>>(grid_1d(total, kSplitThreads), kSplitThreads, 0, s,
             parts, nparts, static_cast<U*>(y), row_stride, T, B, H, hd);
       });
   FLS_CUDA_RETURN_LAST_ERROR();
@@ -307,12 +307,12 @@ int qkv_bias_split_bwd(const QkvBiasSplitBwdParams& p, float* workspace, void* s
         Parts<uint4> parts{};
         for (int p = 0; p < 3; ++p) parts.p[p] = const_cast<uint4*>(static_cast<const uint4*>(in[p]));
         const unsigned vec_tiles = (g.width_v + kVecThreads - 1) / kVecThreads;
-        split_bwd_vec_kernel<U><<<dim3(vec_tiles, static_cast<unsigned>(chunks)), kVecThreads, 0, s>>>(
+        launch<split_bwd_vec_kernel<U>>(dim3(vec_tiles, static_cast<unsigned>(chunks)), kVecThreads, 0, s,
             parts, static_cast<uint4*>(dqkv), workspace, g, static_cast<uint32_t>(rpc));
       } else if (rows > 0) {
         Parts<U> parts{};
         for (int p = 0; p < 3; ++p) parts.p[p] = const_cast<U*>(static_cast<const U*>(in[p]));
-        split_bwd_kernel<U><<<dim3(col_tiles, static_cast<unsigned>(chunks)), kColThreads, 0, s>>>(
+        launch<split_bwd_kernel<U>>(dim3(col_tiles, static_cast<unsigned>(chunks)), kColThreads, 0, s,
             parts, static_cast<U*>(dqkv), workspace, T, B, H, hd, rpc);
       } launch_column_sums<U>(workspace, static_cast<U*>(dbias), nullptr, nullptr, chunks, cols, s));
   FLS_CUDA_RETURN_LAST_ERROR();

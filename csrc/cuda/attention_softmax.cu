@@ -19,6 +19,7 @@
 #include "fls/philox.h"
 #include "launch.cuh"
 #include "reduce.cuh"
+#include "shared_memory.cuh"
 #include "vec.cuh"
 
 namespace fls {
@@ -54,7 +55,7 @@ template <typename T>
 __global__ void softmax_fwd_kernel(const T* __restrict__ scores, const bool* __restrict__ pad_mask,
                                    T* __restrict__ y, T* __restrict__ out, int64_t H, int64_t Tq, int64_t Tk,
                                    bool causal, float scale, DropoutParams d, AttentionCoords c) {
-  __shared__ float scratch[32];
+  FLS_SHARED(float, scratch, [32]);
   const int64_t row = blockIdx.x;
   const int64_t b = row / (H * Tq), i = row % Tq;
   int64_t lim = Tk;  // keys j >= lim are causally masked
@@ -69,6 +70,7 @@ __global__ void softmax_fwd_kernel(const T* __restrict__ scores, const bool* __r
   for (int64_t j = threadIdx.x; j < lim; j += blockDim.x) {
     if (pad && pad[j]) continue;
     const float x = scale * to_float(s[j]);
+    if (x == -INFINITY) continue;  // adds exp(-inf) = 0; the update below would add exp(-inf - -inf) = NaN
     if (x > m) {
       sum = sum * expf(m - x) + 1.0f;
       m = x;
@@ -94,7 +96,7 @@ __global__ void softmax_fwd_kernel(const T* __restrict__ scores, const bool* __r
 template <typename T>
 __global__ void softmax_bwd_kernel(const T* __restrict__ dout, const T* __restrict__ y, T* __restrict__ ds,
                                    int64_t Tk, float scale, DropoutParams d, AttentionCoords c) {
-  __shared__ float scratch[32];
+  FLS_SHARED(float, scratch, [32]);
   const int64_t row = blockIdx.x;
   const T* dr = dout + row * Tk;
   const T* yr = y + row * Tk;
@@ -323,7 +325,7 @@ bool softmax_fwd_vec(const T* scores, const bool* pad, T* y, T* out, int64_t B, 
                  tq = static_cast<uint32_t>(Tq), tk = static_cast<uint32_t>(Tk);
   return by_row_vectors<V>(nv, [&](auto g, auto vpl) {
     constexpr int G = decltype(g)::value;
-    softmax_fwd_vec_kernel<T, G, decltype(vpl)::value><<<vec_row_blocks(rows, G), kVecThreads, 0, s>>>(
+    launch<softmax_fwd_vec_kernel<T, G, decltype(vpl)::value>>(vec_row_blocks(rows, G), kVecThreads, 0, s,
         scores, pad, y, out, r, htq, tq, tk, causal, scale, d, c);
   });
 }
@@ -338,7 +340,7 @@ bool softmax_bwd_vec(const T* dout, const T* y, T* ds, int64_t rows, int64_t Tk,
   const uint32_t r = static_cast<uint32_t>(rows), tk = static_cast<uint32_t>(Tk);
   return by_row_vectors<V>(nv, [&](auto g, auto vpl) {
     constexpr int G = decltype(g)::value;
-    softmax_bwd_vec_kernel<T, G, decltype(vpl)::value><<<vec_row_blocks(rows, G), kVecThreads, 0, s>>>(
+    launch<softmax_bwd_vec_kernel<T, G, decltype(vpl)::value>>(vec_row_blocks(rows, G), kVecThreads, 0, s,
         dout, y, ds, r, tk, scale, d, c);
   });
 }
@@ -358,7 +360,7 @@ int attention_softmax_fwd(const AttentionSoftmaxFwdParams& p, void* stream) {
       p.dtype, using U = scalar_t; const U* sc = static_cast<const U*>(p.scores); U* yp = static_cast<U*>(p.y);
       U* op = d.threshold ? static_cast<U*>(p.out) : nullptr;
       if (!softmax_fwd_vec<U>(sc, key_padding_mask, yp, op, B, H, Tq, Tk, causal, scale, d, p.coords, s)) {
-        softmax_fwd_kernel<U><<<static_cast<unsigned>(rows), softmax_threads(Tk), 0, s>>>(
+        launch<softmax_fwd_kernel<U>>(static_cast<unsigned>(rows), softmax_threads(Tk), 0, s,
             sc, key_padding_mask, yp, op, H, Tq, Tk, causal, scale, d, p.coords);
       });
   FLS_CUDA_RETURN_LAST_ERROR();
@@ -373,7 +375,7 @@ int attention_softmax_bwd(const AttentionSoftmaxBwdParams& p, void* stream) {
   FLS_CUDA_DISPATCH(
       p.dtype, using U = scalar_t; const U* dp = static_cast<const U*>(p.dout); const U* yp = static_cast<const U*>(p.y);
       U* dsp = static_cast<U*>(p.dscores); if (!softmax_bwd_vec<U>(dp, yp, dsp, rows, Tk, scale, d, p.coords, s)) {
-        softmax_bwd_kernel<U><<<static_cast<unsigned>(rows), softmax_threads(Tk), 0, s>>>(dp, yp, dsp, Tk, scale, d,
+        launch<softmax_bwd_kernel<U>>(static_cast<unsigned>(rows), softmax_threads(Tk), 0, s, dp, yp, dsp, Tk, scale, d,
                                                                                              p.coords);
       });
   FLS_CUDA_RETURN_LAST_ERROR();
@@ -383,7 +385,7 @@ int attention_dropout(const AttentionDropoutParams& p, void* stream) {
   if (p.rows == 0 || p.Tk == 0 || p.drop.threshold == 0) return 0;
   auto s = static_cast<cudaStream_t>(stream);
   FLS_CUDA_DISPATCH(p.dtype, using U = scalar_t;
-                    dropout_rows_kernel<U><<<static_cast<unsigned>(p.rows), softmax_threads(p.Tk), 0, s>>>(
+                    launch<dropout_rows_kernel<U>>(static_cast<unsigned>(p.rows), softmax_threads(p.Tk), 0, s,
                         static_cast<const U*>(p.y), static_cast<U*>(p.out), p.Tk, p.drop, p.coords));
   FLS_CUDA_RETURN_LAST_ERROR();
 }

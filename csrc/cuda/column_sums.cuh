@@ -6,6 +6,8 @@
 // group sums in order. Layer norm sums two partial arrays (dweight, dbias) in the same launch.
 #pragma once
 #include "dtype.cuh"
+#include "launch.cuh"
+#include "shared_memory.cuh"
 
 namespace fls {
 namespace cuda {
@@ -28,7 +30,8 @@ template <typename T>
 __global__ void __launch_bounds__(kSumCols* kSumGroups)
     column_sums_kernel(const float* __restrict__ p0, T* __restrict__ out0, const float* __restrict__ p1,
                        T* __restrict__ out1, int64_t chunks, int64_t cols) {
-  __shared__ float s0[kSumGroups][kSumCols], s1[kSumGroups][kSumCols];
+  FLS_SHARED(float, s0, [kSumGroups][kSumCols]);
+  FLS_SHARED(float, s1, [kSumGroups][kSumCols]);
   const int tc = threadIdx.x % kSumCols, g = threadIdx.x / kSumCols;
   const int64_t c = static_cast<int64_t>(blockIdx.x) * kSumCols + tc;
   float a0 = 0.f, a1 = 0.f;
@@ -61,7 +64,7 @@ void launch_column_sums(const float* p0, T* out0, const float* p1, T* out1, int6
                         cudaStream_t s) {
   if (cols <= 0) return;
   const unsigned tiles = static_cast<unsigned>((cols + kSumCols - 1) / kSumCols);
-  column_sums_kernel<T><<<tiles, kSumCols * kSumGroups, 0, s>>>(p0, out0, p1, out1, chunks, cols);
+  launch<column_sums_kernel<T>>(tiles, kSumCols * kSumGroups, 0, s, p0, out0, p1, out1, chunks, cols);
 }
 
 }  // namespace

@@ -23,6 +23,7 @@
 #include "dtype.cuh"
 #include "fls/philox.h"
 #include "launch.cuh"
+#include "shared_memory.cuh"
 #include "vec.cuh"
 
 namespace fls {
@@ -247,7 +248,7 @@ __global__ void __launch_bounds__(kThreads) bwd_vec_kernel(const T* __restrict__
                                                            int vec_cols, int rows_per_thread, int64_t chunks,
                                                            DropoutParams d) {
   constexpr int V = Pack<T>::kN;
-  __shared__ __align__(16) float red[kThreads * V];  // [ty][tx * V + j]
+  FLS_SHARED(float, red, [kThreads * V]);  // [ty][tx * V + j]
   const int bx = blockDim.x, by = blockDim.y, tx = threadIdx.x, ty = threadIdx.y;
   const int vc = blockIdx.x * bx + tx;
   const bool active = vc < vec_cols;
@@ -337,7 +338,7 @@ void launch_fwd(const void* x, const void* bias, const void* residual, void* y, 
                 const DropoutParams& d, const int64_t* row_map, cudaStream_t s) {
   const int64_t n = rows * cols;
   if (row_map != nullptr) {
-    fwd_rows_kernel<T, ACT, RESID><<<grid_1d(rows * groups_per_row(cols), kThreads), kThreads, 0, s>>>(
+    launch<fwd_rows_kernel<T, ACT, RESID>>(grid_1d(rows * groups_per_row(cols), kThreads), kThreads, 0, s,
         static_cast<const T*>(x), static_cast<const T*>(bias), static_cast<const T*>(residual), static_cast<T*>(y),
         rows, cols, row_map, d);
     return;
@@ -347,13 +348,13 @@ void launch_fwd(const void* x, const void* bias, const void* residual, void* y, 
     const int bx = vec_block_x(vec_cols), by = kThreads / bx;
     const int64_t gy = (rows + by - 1) / by;
     const dim3 grid(static_cast<unsigned>((vec_cols + bx - 1) / bx), static_cast<unsigned>(gy < kMaxGridY ? gy : kMaxGridY));
-    fwd_vec_kernel<T, ACT, RESID><<<grid, dim3(bx, by), 0, s>>>(
+    launch<fwd_vec_kernel<T, ACT, RESID>>(grid, dim3(bx, by), 0, s,
         static_cast<const T*>(x), static_cast<const T*>(bias), static_cast<const T*>(residual), static_cast<T*>(y),
         rows, cols, vec_cols, d);
     return;
   }
   const int64_t groups = n / 4 + 2;  // an unaligned offset can spread n elements over n/4 + 2 groups
-  fwd_kernel<T, ACT, RESID><<<grid_1d(groups, kThreads), kThreads, 0, s>>>(
+  launch<fwd_kernel<T, ACT, RESID>>(grid_1d(groups, kThreads), kThreads, 0, s,
       static_cast<const T*>(x), static_cast<const T*>(bias), static_cast<const T*>(residual), static_cast<T*>(y),
       n, cols, d);
 }
@@ -374,7 +375,7 @@ void launch_bwd(const void* dy, const void* x, const void* bias, void* dx, void*
     if (chunks > 0) {
       const dim3 grid(static_cast<unsigned>((vec_cols + bx - 1) / bx),
                       static_cast<unsigned>(chunks < kMaxGridY ? chunks : kMaxGridY));
-      bwd_vec_kernel<T, ACT><<<grid, dim3(bx, by), 0, s>>>(
+      launch<bwd_vec_kernel<T, ACT>>(grid, dim3(bx, by), 0, s,
           static_cast<const T*>(dy), static_cast<const T*>(x), static_cast<const T*>(bias), static_cast<T*>(dx), ws,
           rows, cols, vec_cols, rpt, chunks, d);
     }
@@ -383,7 +384,7 @@ void launch_bwd(const void* dy, const void* x, const void* bias, void* dx, void*
     const unsigned col_tiles = static_cast<unsigned>((cols + kColThreads - 1) / kColThreads);
     if (chunks > 0) {
       const unsigned gy = static_cast<unsigned>(chunks < kMaxGridY ? chunks : kMaxGridY);
-      bwd_partial_kernel<T, ACT><<<dim3(col_tiles, gy), kColThreads, 0, s>>>(
+      launch<bwd_partial_kernel<T, ACT>>(dim3(col_tiles, gy), kColThreads, 0, s,
           static_cast<const T*>(dy), static_cast<const T*>(x), static_cast<const T*>(bias), static_cast<T*>(dx), ws,
           rows, cols, chunks, row_map, d);
     }
@@ -401,12 +402,12 @@ int dropout_mask(const DropoutMaskParams& p, void* stream) {
   auto s = static_cast<cudaStream_t>(stream);
   if (p.row_map != nullptr) {
     const int64_t rows = n / p.cols;
-    mask_rows_kernel<<<grid_1d(rows * groups_per_row(p.cols), kThreads), kThreads, 0, s>>>(keep, rows, p.cols,
+    launch<mask_rows_kernel>(grid_1d(rows * groups_per_row(p.cols), kThreads), kThreads, 0, s, keep, rows, p.cols,
                                                                                             p.row_map, d);
   } else if (d.offset % 4 == 0 && reinterpret_cast<uintptr_t>(keep) % 4 == 0) {
-    mask_aligned_kernel<<<grid_1d(n / 4 + 1, kThreads), kThreads, 0, s>>>(keep, n, d);
+    launch<mask_aligned_kernel>(grid_1d(n / 4 + 1, kThreads), kThreads, 0, s, keep, n, d);
   } else {
-    mask_kernel<<<grid_1d(n / 4 + 2, kThreads), kThreads, 0, s>>>(keep, n, d);
+    launch<mask_kernel>(grid_1d(n / 4 + 2, kThreads), kThreads, 0, s, keep, n, d);
   }
   FLS_CUDA_RETURN_LAST_ERROR();
 }

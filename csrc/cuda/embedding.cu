@@ -24,10 +24,12 @@ constexpr unsigned kMaxGrid = 65535u * 16u;
 
 // Prints the bad id and the limit once per warp that meets it, then fails a device assert (as PyTorch's
 // embedding does: the kernel aborts and the next CUDA call of the process reports the error). Every
-// thread that meets a bad id stops there, so none of them reads or writes out of bounds. Not inlined and
-// noreturn: the kernels then keep no registers live across this cold call (no spills).
+// thread that meets a bad id stops there, so none of them reads or writes out of bounds; the lanes wait for
+// their printing lane (__syncwarp) so that no lane fails the launch before the line is printed. Not inlined
+// and noreturn: the kernels then keep no registers live across this cold call (no spills).
 [[noreturn]] __device__ __noinline__ void report_bad_id(int64_t id, int64_t limit, bool is_position) {
-  if ((threadIdx.x & 31) == static_cast<unsigned>(__ffs(__activemask()) - 1)) {
+  const unsigned active = __activemask();
+  if ((threadIdx.x & 31) == static_cast<unsigned>(__ffs(active) - 1)) {
     const char* what = is_position ? "position" : "token id";
     const char* limit_name = is_position ? "max positions" : "num_embeddings";
     if (id < 0) {
@@ -37,6 +39,7 @@ constexpr unsigned kMaxGrid = 65535u * 16u;
              static_cast<long long>(limit), static_cast<long long>(limit - 1));
     }
   }
+  __syncwarp(active);
   __assert_fail("embedding: id out of range (see the line above)", __FILE__, __LINE__, "report_bad_id");
 }
 
@@ -213,7 +216,7 @@ void launch_fwd(const int64_t* tokens, const int64_t* positions, const T* weight
     const unsigned grid = static_cast<unsigned>(blocks < kMaxGrid ? blocks : kMaxGrid);
     const int dm = static_cast<int>(dim);
 #define FLS_EMB_FWD_VEC(DROP, POS)                                                                          \
-  emb_fwd_vec_kernel<T, DROP, POS><<<grid, kFwdThreads, 0, st>>>(tokens, positions, weight, pos_weight, out, n, \
+  launch<emb_fwd_vec_kernel<T, DROP, POS>>(grid, kFwdThreads, 0, st, tokens, positions, weight, pos_weight, out, n, \
                                                                  dm, num_embeddings, num_positions,           \
                                                                  padding_idx, scale, d, row_map, tpr)
     if (drop && pos) FLS_EMB_FWD_VEC(true, true);
@@ -225,7 +228,7 @@ void launch_fwd(const int64_t* tokens, const int64_t* positions, const T* weight
   }
   const unsigned grid = static_cast<unsigned>(n < kMaxGrid ? n : kMaxGrid);
 #define FLS_EMB_FWD(DROP, POS)                                                                                 \
-  emb_fwd_kernel<T, DROP, POS><<<grid, kFwdThreads, 0, st>>>(tokens, positions, weight, pos_weight, out, n, dim, \
+  launch<emb_fwd_kernel<T, DROP, POS>>(grid, kFwdThreads, 0, st, tokens, positions, weight, pos_weight, out, n, dim, \
                                                              num_embeddings, num_positions, padding_idx, scale, d, \
                                                              row_map)
   if (drop && pos) FLS_EMB_FWD(true, true);
@@ -243,10 +246,10 @@ int launch_bwd_v(const T* grad, const int64_t* sorted_keys, const int64_t* order
   if (tiles > 65535) return static_cast<int>(cudaErrorInvalidValue);
   const dim3 grid(static_cast<unsigned>(n < kMaxGrid ? n : kMaxGrid), static_cast<unsigned>(tiles));
   if (d.threshold != 0) {
-    emb_bwd_kernel<T, true, V><<<grid, kBwdThreads, 0, st>>>(grad, sorted_keys, order, n, dim, num_rows,
+    launch<emb_bwd_kernel<T, true, V>>(grid, kBwdThreads, 0, st, grad, sorted_keys, order, n, dim, num_rows,
                                                               is_position, mult, d, row_map, out);
   } else {
-    emb_bwd_kernel<T, false, V><<<grid, kBwdThreads, 0, st>>>(grad, sorted_keys, order, n, dim, num_rows,
+    launch<emb_bwd_kernel<T, false, V>>(grid, kBwdThreads, 0, st, grad, sorted_keys, order, n, dim, num_rows,
                                                                is_position, mult, d, row_map, out);
   }
   return 0;

@@ -11,6 +11,7 @@
 #include "dtype.cuh"
 #include "launch.cuh"
 #include "reduce.cuh"
+#include "shared_memory.cuh"
 #include "vec.cuh"
 
 namespace fls {
@@ -20,6 +21,7 @@ namespace {
 constexpr int kRowThreads = 256;  // general path: threads per row block
 constexpr int kColThreads = 256;  // general path: column-partial kernel
 constexpr int kRowsPerChunk = 64;  // general path: rows per column-partial chunk
+constexpr int64_t kMaxGridY = 65535;
 constexpr int kWarps = 4;          // fast path: warps (rows in flight) per block
 constexpr int kMaxFastCols = 1024;  // fast path: row length bound (registers and shared memory)
 constexpr int kMaxElemsPerLane = 32;  // fast path: register bound, elements of a row per lane
@@ -115,7 +117,7 @@ __global__ void __launch_bounds__(kWarps * 32, 1) ln_bwd_warp_kernel(const T* __
                                                                    float* __restrict__ pb, int64_t rows, int cols,
                                                                    int64_t rows_per_chunk) {
   constexpr int N = Pack<T>::kN;
-  __shared__ float red[kWarps][kMaxFastCols];
+  FLS_SHARED(float, red, [kWarps][kMaxFastCols]);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int nvec = cols / N;
   const float inv_n = 1.f / static_cast<float>(cols);
@@ -192,7 +194,7 @@ template <typename T>
 __global__ void ln_fwd_kernel(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ b,
                               T* __restrict__ y, float* __restrict__ mean, float* __restrict__ rstd, int64_t cols,
                               float eps) {
-  __shared__ float scratch[32];
+  FLS_SHARED(float, scratch, [32]);
   const int64_t row = blockIdx.x;
   const T* xr = x + row * cols;
   T* yr = y + row * cols;
@@ -218,7 +220,7 @@ template <typename T>
 __global__ void ln_bwd_dx_kernel(const T* __restrict__ dy, const T* __restrict__ x, const T* __restrict__ w,
                                  const float* __restrict__ mean, const float* __restrict__ rstd, T* __restrict__ dx,
                                  int64_t cols) {
-  __shared__ float scratch[32];
+  FLS_SHARED(float, scratch, [32]);
   const int64_t row = blockIdx.x;
   const T* dyr = dy + row * cols;
   const T* xr = x + row * cols;
@@ -239,23 +241,27 @@ __global__ void ln_bwd_dx_kernel(const T* __restrict__ dy, const T* __restrict__
   }
 }
 
-// partial[chunk, c] = sums over the rows of one chunk; grid (column tiles, chunks).
+// partial[chunk, c] = sums over the rows of one chunk; grid (column tiles, min(chunks, 65535)), each block
+// row looping over the chunks gridDim.y apart.
 template <typename T>
 __global__ void ln_bwd_partial_kernel(const T* __restrict__ dy, const T* __restrict__ x,
                                       const float* __restrict__ mean, const float* __restrict__ rstd,
-                                      float* __restrict__ pw, float* __restrict__ pb, int64_t rows, int64_t cols) {
+                                      float* __restrict__ pw, float* __restrict__ pb, int64_t rows, int64_t cols,
+                                      int64_t chunks) {
   const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (c >= cols) return;
-  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kRowsPerChunk;
-  const int64_t r1 = r0 + kRowsPerChunk < rows ? r0 + kRowsPerChunk : rows;
-  float sw = 0.f, sb = 0.f;
-  for (int64_t r = r0; r < r1; ++r) {
-    const float g = to_float(dy[r * cols + c]);
-    sw += g * (to_float(x[r * cols + c]) - mean[r]) * rstd[r];
-    sb += g;
+  for (int64_t chunk = blockIdx.y; chunk < chunks; chunk += gridDim.y) {
+    const int64_t r0 = chunk * kRowsPerChunk;
+    const int64_t r1 = r0 + kRowsPerChunk < rows ? r0 + kRowsPerChunk : rows;
+    float sw = 0.f, sb = 0.f;
+    for (int64_t r = r0; r < r1; ++r) {
+      const float g = to_float(dy[r * cols + c]);
+      sw += g * (to_float(x[r * cols + c]) - mean[r]) * rstd[r];
+      sb += g;
+    }
+    pw[chunk * cols + c] = sw;
+    pb[chunk * cols + c] = sb;
   }
-  pw[blockIdx.y * cols + c] = sw;
-  pb[blockIdx.y * cols + c] = sb;
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -301,12 +307,11 @@ void launch_fwd(const T* x, const T* w, const T* b, T* y, float* mean, float* rs
     const int64_t blocks = (rows + kWarps - 1) / kWarps;
     const unsigned grid = static_cast<unsigned>(blocks < (1 << 20) ? blocks : (1 << 20));
     with_nv<T>(nv, [&](auto c) {
-      ln_fwd_warp_kernel<T, decltype(c)::value>
-          <<<grid, kWarps * 32, 0, s>>>(x, w, b, y, mean, rstd, rows, static_cast<int>(cols), eps);
+      launch<ln_fwd_warp_kernel<T, decltype(c)::value>>(grid, kWarps * 32, 0, s, x, w, b, y, mean, rstd, rows, static_cast<int>(cols), eps);
     });
     return;
   }
-  ln_fwd_kernel<T><<<static_cast<unsigned>(rows), kRowThreads, 0, s>>>(x, w, b, y, mean, rstd, cols, eps);
+  launch<ln_fwd_kernel<T>>(static_cast<unsigned>(rows), kRowThreads, 0, s, x, w, b, y, mean, rstd, cols, eps);
 }
 
 template <typename T>
@@ -321,7 +326,7 @@ void launch_bwd(const T* dy, const T* x, const T* w, const float* mean, const fl
     pb = workspace + chunks * cols;
     const int64_t rpc = fast_rows_per_chunk(rows);
     with_nv<T>(nv, [&](auto c) {
-      ln_bwd_warp_kernel<T, decltype(c)::value><<<static_cast<unsigned>(chunks), kWarps * 32, 0, s>>>(
+      launch<ln_bwd_warp_kernel<T, decltype(c)::value>>(static_cast<unsigned>(chunks), kWarps * 32, 0, s,
           dy, x, w, mean, rstd, dx, pw, pb, rows, static_cast<int>(cols), rpc);
     });
   } else {
@@ -329,9 +334,10 @@ void launch_bwd(const T* dy, const T* x, const T* w, const float* mean, const fl
     pb = workspace + chunks * cols;
     if (rows > 0) {
       const unsigned col_tiles = static_cast<unsigned>((cols + kColThreads - 1) / kColThreads);
-      ln_bwd_dx_kernel<T><<<static_cast<unsigned>(rows), kRowThreads, 0, s>>>(dy, x, w, mean, rstd, dx, cols);
-      ln_bwd_partial_kernel<T><<<dim3(col_tiles, static_cast<unsigned>(chunks)), kColThreads, 0, s>>>(
-          dy, x, mean, rstd, pw, pb, rows, cols);
+      launch<ln_bwd_dx_kernel<T>>(static_cast<unsigned>(rows), kRowThreads, 0, s, dy, x, w, mean, rstd, dx, cols);
+      const unsigned gy = static_cast<unsigned>(chunks < kMaxGridY ? chunks : kMaxGridY);
+      launch<ln_bwd_partial_kernel<T>>(dim3(col_tiles, gy), kColThreads, 0, s, dy, x, mean, rstd, pw, pb, rows,
+                                       cols, chunks);
     }
   }
   launch_column_sums<T>(pw, dw, pb, db, chunks, cols, s);

@@ -25,6 +25,7 @@
 #include "fls/philox.h"
 #include "launch.cuh"
 #include "reduce.cuh"
+#include "shared_memory.cuh"
 
 namespace fls {
 namespace cuda {
@@ -105,7 +106,7 @@ template <typename T, int kVec>
 __global__ void __launch_bounds__(kWarps * 32) varlen_fwd_kernel(const T* __restrict__ q, const T* __restrict__ k,
                                                                  const T* __restrict__ v, T* __restrict__ out,
                                                                  float* __restrict__ lse, const VarlenProblem s) {
-  extern __shared__ float smem[];
+  FLS_DYNAMIC_SHARED(float, smem);
   const auto [warp, lane, D, H, b, h, r, scale] = task_of(s);
   float* qs = smem + warp * D;
   for (int64_t i = static_cast<int64_t>(blockIdx.y) * kWarps + warp; i < r.Lq; i += gridDim.y * kWarps) {
@@ -146,7 +147,7 @@ __global__ void __launch_bounds__(kWarps * 32) varlen_bwd_dq_kernel(const T* __r
                                                                     const float* __restrict__ lse,
                                                                     T* __restrict__ dq, float* __restrict__ ws,
                                                                     const VarlenProblem s) {
-  extern __shared__ float smem[];
+  FLS_DYNAMIC_SHARED(float, smem);
   const auto [warp, lane, D, H, b, h, r, scale] = task_of(s);
   float* qs = smem + warp * D;
   float* gs = smem + (kWarps + warp) * D;
@@ -192,7 +193,7 @@ __global__ void __launch_bounds__(kWarps * 32) varlen_bwd_dkv_kernel(const T* __
                                                                      const float* __restrict__ ws,
                                                                      T* __restrict__ dk, T* __restrict__ dv,
                                                                      const VarlenProblem s) {
-  extern __shared__ float smem[];
+  FLS_DYNAMIC_SHARED(float, smem);
   const auto [warp, lane, D, H, b, h, r, scale] = task_of(s);
   float* ks = smem + warp * D;
   float* vs = smem + (kWarps + warp) * D;
@@ -245,10 +246,10 @@ template <typename T>
 cudaError_t fwd(const VarlenAttentionFwdParams& p, cudaStream_t st) {
   const VarlenProblem& s = p.s;
   if (s.B * s.H == 0 || s.Nq == 0) return cudaSuccess;
-  check_offsets_kernel<<<grid_1d(s.B, 128), 128, 0, st>>>(s);
+  launch<check_offsets_kernel>(grid_1d(s.B, 128), 128, 0, st, s);
   const size_t smem = kWarps * s.D * sizeof(float);
   return dispatch_vec(s.D, [&](auto vec) {
-    varlen_fwd_kernel<T, decltype(vec)::value><<<grid_of(s, s.max_seqlen_q), kWarps * 32, smem, st>>>(
+    launch<varlen_fwd_kernel<T, decltype(vec)::value>>(grid_of(s, s.max_seqlen_q), kWarps * 32, smem, st,
         static_cast<const T*>(p.q), static_cast<const T*>(p.k), static_cast<const T*>(p.v), static_cast<T*>(p.out),
         static_cast<float*>(p.lse), s);
     return cudaGetLastError();
@@ -259,7 +260,7 @@ template <typename T>
 cudaError_t bwd(const VarlenAttentionBwdParams& p, float* ws, cudaStream_t st) {
   const VarlenProblem& s = p.s;
   if (s.B * s.H == 0) return cudaSuccess;
-  check_offsets_kernel<<<grid_1d(s.B, 128), 128, 0, st>>>(s);
+  launch<check_offsets_kernel>(grid_1d(s.B, 128), 128, 0, st, s);
   const size_t smem = 2 * kWarps * s.D * sizeof(float);
   return dispatch_vec(s.D, [&](auto vec) {
     constexpr int V = decltype(vec)::value;
@@ -269,11 +270,11 @@ cudaError_t bwd(const VarlenAttentionBwdParams& p, float* ws, cudaStream_t st) {
     const T* v = static_cast<const T*>(p.v);
     const float* lse = static_cast<const float*>(p.lse);
     if (s.Nq > 0)
-      varlen_bwd_dq_kernel<T, V><<<grid_of(s, s.max_seqlen_q), kWarps * 32, smem, st>>>(
+      launch<varlen_bwd_dq_kernel<T, V>>(grid_of(s, s.max_seqlen_q), kWarps * 32, smem, st,
           dout, q, k, v, static_cast<const T*>(p.out), lse, static_cast<T*>(p.dq), ws, s);
     cudaError_t err = cudaGetLastError();
     if (err != cudaSuccess || s.Nk == 0) return err;
-    varlen_bwd_dkv_kernel<T, V><<<grid_of(s, s.max_seqlen_k), kWarps * 32, smem, st>>>(
+    launch<varlen_bwd_dkv_kernel<T, V>>(grid_of(s, s.max_seqlen_k), kWarps * 32, smem, st,
         dout, q, k, v, lse, ws, static_cast<T*>(p.dk), static_cast<T*>(p.dv), s);
     return cudaGetLastError();
   });

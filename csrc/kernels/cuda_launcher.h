@@ -15,6 +15,10 @@ namespace cuda {
 // The message of a launcher's return code (a cudaError_t as int), from cudaGetErrorString
 // (csrc/cuda/error_string.cu): the op layer includes no CUDA header.
 FLS_CUDA_LAUNCHER const char* error_string(int error);
+// Takes (returns and clears) the error pending from earlier work, as cudaGetLastError does.
+FLS_CUDA_LAUNCHER int take_last_error();
+// Defined only by the emulated library (csrc/emulation/): whether it is loaded.
+FLS_CUDA_LAUNCHER bool emulated_device();
 
 }  // namespace cuda
 }  // namespace fls

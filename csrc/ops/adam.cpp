@@ -123,10 +123,11 @@ void adam_step_cuda(at::TensorList params, at::TensorList grads, at::TensorList 
       for (int64_t k = 0; k < nc; ++k) chunks.push_back(cuda::adam_chunk_entry(static_cast<int64_t>(t), k));
     }
     // Table and chunk list in one pinned buffer, copied without blocking the host; the caching
-    // host allocator keeps the buffer alive until the copy on this stream has completed.
+    // host allocator keeps the buffer alive until the copy on this stream has completed. (The emulated
+    // device reads it where it is: no pinned allocator, no copy.)
     const int64_t table_bytes = static_cast<int64_t>(table.size() * sizeof(AdamTensor));
     const int64_t bytes = table_bytes + static_cast<int64_t>(chunks.size() * sizeof(int64_t));
-    auto host = at::empty({bytes}, at::TensorOptions().dtype(at::kByte).pinned_memory(true));
+    auto host = at::empty({bytes}, at::TensorOptions().dtype(at::kByte).pinned_memory(params[0].is_cuda()));
     std::memcpy(host.data_ptr(), table.data(), table_bytes);
     std::memcpy(static_cast<char*>(host.data_ptr()) + table_bytes, chunks.data(), bytes - table_bytes);
     auto dev = host.to(params[0].device(), at::kByte, /*non_blocking=*/true);
@@ -149,7 +150,7 @@ TORCH_LIBRARY_FRAGMENT(fairseq_lightseq, m) {
 }
 
 TORCH_LIBRARY_IMPL(fairseq_lightseq, CPU, m) {
-  m.impl("adam_step_", &adam_step_cpu);
+  m.impl("adam_step_", FLS_CPU_IMPL(adam_step));
 }
 
 TORCH_LIBRARY_IMPL(fairseq_lightseq, CUDA, m) {

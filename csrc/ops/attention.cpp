@@ -336,12 +336,12 @@ TORCH_LIBRARY_FRAGMENT(fairseq_lightseq, m) {
 }
 
 TORCH_LIBRARY_IMPL(fairseq_lightseq, CPU, m) {
-  m.impl("attention_softmax_fwd", &attention_softmax_fwd_cpu);
-  m.impl("attention_softmax_bwd", &attention_softmax_bwd_cpu);
-  m.impl("attention_dropout", &attention_dropout_cpu);
-  m.impl("qkv_bias_split", &qkv_bias_split_cpu);
-  m.impl("qkv_bias_split_bwd", &qkv_bias_split_bwd_cpu);
-  m.impl("merge_heads", &merge_heads_cpu);
+  m.impl("attention_softmax_fwd", FLS_CPU_IMPL(attention_softmax_fwd));
+  m.impl("attention_softmax_bwd", FLS_CPU_IMPL(attention_softmax_bwd));
+  m.impl("attention_dropout", FLS_CPU_IMPL(attention_dropout));
+  m.impl("qkv_bias_split", FLS_CPU_IMPL(qkv_bias_split));
+  m.impl("qkv_bias_split_bwd", FLS_CPU_IMPL(qkv_bias_split_bwd));
+  m.impl("merge_heads", FLS_CPU_IMPL(merge_heads));
 }
 
 TORCH_LIBRARY_IMPL(fairseq_lightseq, CUDA, m) {

@@ -18,6 +18,7 @@
 #include <string>
 #include <tuple>
 
+#include "device.h"
 #include "utils.h"
 
 namespace fls {
@@ -160,7 +161,7 @@ Tensor norm_bwd_end(const Tensor& ds, const Tensor& dh, const Tensor& x, const T
 // accumulates in float, and so does CUDA, where one launch costs less host time than four.
 Tensor softmax_dropout_bwd(const Tensor& dprobs, const Tensor& dropped, const Tensor& y, bool has_dropout,
                            double scale, double p, int64_t seed, int64_t off) {
-  if (has_dropout && y.is_cpu() && (y.scalar_type() == at::kFloat || y.scalar_type() == at::kDouble)) {
+  if (has_dropout && !runs_cuda(y) && (y.scalar_type() == at::kFloat || y.scalar_type() == at::kDouble)) {
     const Tensor g = dprobs * dropped;
     return at::addcmul(g, y.view(g.sizes()), g.sum(-1, true), -1).mul_(scale);
   }

@@ -24,7 +24,7 @@ inline int64_t check_xent_inputs(const char* op, const at::Tensor& logits, const
   check_shape(target, {N}, (std::string(op) + ": target").c_str());
   TORCH_CHECK(epsilon >= 0.0 && epsilon <= 1.0, op, ": epsilon must be in [0, 1], got ", epsilon);
   // On CUDA the forward kernel checks the targets itself (a host check would sync the device per call).
-  if (N == 0 || logits.is_cuda()) return V;
+  if (N == 0 || runs_cuda(logits)) return V;
   const auto bad = target.ne(ignore_index).logical_and(target.lt(0).logical_or(target.ge(V)));
   if (bad.any().item<bool>()) {
     const int64_t i = bad.nonzero()[0][0].item<int64_t>();
@@ -152,8 +152,8 @@ TORCH_LIBRARY_FRAGMENT(fairseq_lightseq, m) {
 }
 
 TORCH_LIBRARY_IMPL(fairseq_lightseq, CPU, m) {
-  m.impl("label_smoothed_cross_entropy_fwd", &label_smoothed_cross_entropy_fwd_cpu);
-  m.impl("label_smoothed_cross_entropy_bwd", &label_smoothed_cross_entropy_bwd_cpu);
+  m.impl("label_smoothed_cross_entropy_fwd", FLS_CPU_IMPL(label_smoothed_cross_entropy_fwd));
+  m.impl("label_smoothed_cross_entropy_bwd", FLS_CPU_IMPL(label_smoothed_cross_entropy_bwd));
 }
 
 TORCH_LIBRARY_IMPL(fairseq_lightseq, CUDA, m) {

@@ -231,10 +231,11 @@ std::tuple<at::Tensor, at::Tensor> bias_act_dropout_bwd_cuda(const at::Tensor& d
 at::Tensor dropout_mask(int64_t numel, double p, int64_t seed, int64_t offset, at::Device device,
                         const c10::optional<at::Tensor>& rows, int64_t cols) {
   auto op = dropout_mask_prepare(numel, p, seed, offset, device, rows, cols);
-  if (device.is_cpu()) {
+  if (device.is_cpu() && !cuda_emulation_on()) {
     cpu::dropout_mask(op.params);
   } else {
-    TORCH_CHECK(kWithCuda, "dropout_mask: fairseq_lightseq was built without CUDA, cannot draw on ", device);
+    TORCH_CHECK(kWithCuda || cuda_emulation_on(),
+                "dropout_mask: fairseq_lightseq was built without CUDA, cannot draw on ", device);
     const c10::DeviceGuard guard(op.keep.device());
     FLS_CHECK_LAUNCH(cuda::dropout_mask(op.params, stream_of(op.keep)));
   }
@@ -262,10 +263,10 @@ TORCH_LIBRARY_FRAGMENT(fairseq_lightseq, m) {
 }
 
 TORCH_LIBRARY_IMPL(fairseq_lightseq, CPU, m) {
-  m.impl("bias_dropout_residual_fwd", &bias_dropout_residual_fwd_cpu);
-  m.impl("bias_dropout_residual_bwd", &bias_dropout_residual_bwd_cpu);
-  m.impl("bias_act_dropout_fwd", &bias_act_dropout_fwd_cpu);
-  m.impl("bias_act_dropout_bwd", &bias_act_dropout_bwd_cpu);
+  m.impl("bias_dropout_residual_fwd", FLS_CPU_IMPL(bias_dropout_residual_fwd));
+  m.impl("bias_dropout_residual_bwd", FLS_CPU_IMPL(bias_dropout_residual_bwd));
+  m.impl("bias_act_dropout_fwd", FLS_CPU_IMPL(bias_act_dropout_fwd));
+  m.impl("bias_act_dropout_bwd", FLS_CPU_IMPL(bias_act_dropout_bwd));
 }
 
 TORCH_LIBRARY_IMPL(fairseq_lightseq, CUDA, m) {

@@ -210,8 +210,8 @@ TORCH_LIBRARY_FRAGMENT(fairseq_lightseq, m) {
 }
 
 TORCH_LIBRARY_IMPL(fairseq_lightseq, CPU, m) {
-  m.impl("embedding_fwd", &embedding_fwd_cpu);
-  m.impl("embedding_bwd", &embedding_bwd_cpu);
+  m.impl("embedding_fwd", FLS_CPU_IMPL(embedding_fwd));
+  m.impl("embedding_bwd", FLS_CPU_IMPL(embedding_bwd));
 }
 
 TORCH_LIBRARY_IMPL(fairseq_lightseq, CUDA, m) {

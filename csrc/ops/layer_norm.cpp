@@ -41,7 +41,7 @@ inline LayerNormFwd layer_norm_fwd_prepare(const at::Tensor& x, const at::Tensor
 
 // One layer_norm_bwd call.
 struct LayerNormBwd {
-  at::Tensor dy, x, weight;
+  at::Tensor dy, x, weight, mean, rstd;
   at::Tensor dx, dweight, dbias;
   LayerNormBwdParams params;
 };
@@ -59,7 +59,11 @@ inline LayerNormBwd layer_norm_bwd_prepare(const at::Tensor& dy, const at::Tenso
   check_shape(rstd, {rows}, "layer_norm_bwd: rstd");
   TORCH_CHECK(mean.scalar_type() == acc_type(x) && rstd.scalar_type() == acc_type(x),
               "layer_norm_bwd: mean and rstd must be ", acc_type(x));
+  TORCH_CHECK(mean.device() == x.device() && rstd.device() == x.device(), "layer_norm_bwd: mean and rstd must be on ",
+              x.device(), " (x's device), got ", mean.device(), " and ", rstd.device());
   LayerNormBwd op;
+  op.mean = mean.contiguous();
+  op.rstd = rstd.contiguous();
   op.x = x.contiguous();
   op.dy = dy.contiguous();
   op.weight = weight.contiguous();
@@ -67,7 +71,7 @@ inline LayerNormBwd layer_norm_bwd_prepare(const at::Tensor& dy, const at::Tenso
   op.dweight = at::empty_like(op.weight);
   op.dbias = at::empty_like(op.weight);
   op.params = {.dtype = to_dtype(x.scalar_type()), .dy = op.dy.data_ptr(), .x = op.x.data_ptr(),
-               .weight = op.weight.data_ptr(), .mean = mean.data_ptr(), .rstd = rstd.data_ptr(),
+               .weight = op.weight.data_ptr(), .mean = op.mean.data_ptr(), .rstd = op.rstd.data_ptr(),
                .dx = op.dx.data_ptr(), .dweight = op.dweight.data_ptr(), .dbias = op.dbias.data_ptr(),
                .rows = rows, .cols = cols};
   return op;
@@ -105,7 +109,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_bwd_cuda(const at::Ten
   const c10::DeviceGuard guard(x.device());
   auto op = layer_norm_bwd_prepare(dy, x, weight, mean, rstd);
   const int64_t rows = op.params.rows;
-  TORCH_CHECK(rows <= 64LL * 65535, "layer_norm_bwd: at most ", 64LL * 65535, " rows on CUDA, got ", rows);
+  TORCH_CHECK(rows <= kMaxRows32, "layer_norm_bwd: at most 2^31-1 rows on CUDA, got ", rows);
   auto ws = workspace(cuda::layer_norm_bwd_workspace(rows, op.params.cols), x);
   FLS_CHECK_LAUNCH(cuda::layer_norm_bwd(op.params, ws.data_ptr<float>(), stream_of(x)));
   return {op.dx, op.dweight, op.dbias};
@@ -121,8 +125,8 @@ TORCH_LIBRARY_FRAGMENT(fairseq_lightseq, m) {
 }
 
 TORCH_LIBRARY_IMPL(fairseq_lightseq, CPU, m) {
-  m.impl("layer_norm_fwd", &layer_norm_fwd_cpu);
-  m.impl("layer_norm_bwd", &layer_norm_bwd_cpu);
+  m.impl("layer_norm_fwd", FLS_CPU_IMPL(layer_norm_fwd));
+  m.impl("layer_norm_bwd", FLS_CPU_IMPL(layer_norm_bwd));
 }
 
 TORCH_LIBRARY_IMPL(fairseq_lightseq, CUDA, m) {

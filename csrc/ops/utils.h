@@ -4,6 +4,7 @@
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
+#include <atomic>
 #include <string>
 
 #include "fls/common.h"
@@ -20,11 +21,20 @@ inline DType to_dtype(at::ScalarType t) {
   }
 }
 
+// The emulated CUDA device (csrc/emulation/, a test build): while it is on, the CPU registrations run each
+// op's CUDA implementation on CPU tensors, whose launchers the emulated library (loaded before this one, see
+// fairseq_lightseq/ops/_backend.py) provides. Off in every normal run; csrc/module.cpp switches it.
+inline std::atomic<bool> g_cuda_emulation{false};
+inline bool cuda_emulation_on() { return g_cuda_emulation.load(std::memory_order_relaxed); }
+
+// Whether t's op runs the CUDA implementation: a CUDA tensor, or a CPU tensor on the emulated device.
+inline bool runs_cuda(const at::Tensor& t) { return t.is_cuda() || (t.is_cpu() && cuda_emulation_on()); }
+
 // Floating dtypes a kernel accepts on the tensor's device: CPU float32/float64/bfloat16,
 // CUDA float32/float16/bfloat16.
 inline void check_float(const at::Tensor& t, const char* name) {
   const auto s = t.scalar_type();
-  if (t.is_cuda()) {
+  if (runs_cuda(t)) {
     TORCH_CHECK(s == at::kFloat || s == at::kHalf || s == at::kBFloat16, name,
                 " must be float32, float16 or bfloat16 on CUDA, got ", s);
   } else {

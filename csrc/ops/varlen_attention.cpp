@@ -42,11 +42,14 @@ inline void check_offsets_values(const at::Tensor& cu, int64_t N, int64_t max_se
 }
 
 // An output shaped like x whose rows the kernel writes where a sentence owns them. On CUDA, where the offsets'
-// values are not checked, rows no sentence owns are possible and stay 0 (zeros); on the CPU the checks make
-// every row a sentence's, so the kernel writes them all (empty: no extra pass over the output).
-inline at::Tensor owned_rows_output(const at::Tensor& x) {
-  return x.device().is_cpu() ? at::empty_like(x) : at::zeros_like(x);
+// values are not checked, rows no sentence owns are possible and keep `fill` (the output 0, the log-sum-exp
+// -inf, as for an empty sentence's rows); on the CPU the checks make every row a sentence's, so the kernel
+// writes them all (empty: no extra pass over the output).
+inline at::Tensor owned_rows_output(const at::Tensor& x, at::IntArrayRef sizes, at::ScalarType dtype, double fill) {
+  const auto options = x.options().dtype(dtype);
+  return runs_cuda(x) ? at::full(sizes, fill, options) : at::empty(sizes, options);
 }
+inline at::Tensor owned_rows_output(const at::Tensor& x) { return owned_rows_output(x, x.sizes(), x.scalar_type(), 0.0); }
 
 // The tensors a VarlenProblem points into.
 struct VarlenIndex {
@@ -82,7 +85,7 @@ inline VarlenIndex varlen_prepare(const at::Tensor& q, const at::Tensor& k, cons
   ix.cu_q = check_index(cu_seqlens_q, q, {B + 1}, "cu_seqlens_q");
   ix.cu_k = check_index(cu_seqlens_k, q, {B + 1}, "cu_seqlens_k");
   if (starts.has_value() && starts->defined()) ix.starts = check_index(*starts, q, {B, 2}, "starts");
-  if (q.device().is_cpu()) {
+  if (!runs_cuda(q)) {
     check_offsets_values(ix.cu_q, q.size(0), max_seqlen_q, "cu_seqlens_q");
     check_offsets_values(ix.cu_k, k.size(0), max_seqlen_k, "cu_seqlens_k");
     if (ix.starts.defined())
@@ -117,7 +120,7 @@ inline VarlenAttentionFwd varlen_attention_fwd_prepare(const at::Tensor& q, cons
   op.k = k.contiguous();
   op.v = v.contiguous();
   op.out = owned_rows_output(op.q);
-  op.lse = at::empty({q.size(0), q.size(1)}, q.options().dtype(acc_type(q)));
+  op.lse = owned_rows_output(op.q, {q.size(0), q.size(1)}, acc_type(q), -INFINITY);
   op.params = {.dtype = to_dtype(q.scalar_type()), .q = op.q.data_ptr(), .k = op.k.data_ptr(), .v = op.v.data_ptr(),
                .out = op.out.data_ptr(), .lse = op.lse.data_ptr(), .s = op.ix.s};
   return op;
@@ -239,8 +242,8 @@ TORCH_LIBRARY_FRAGMENT(fairseq_lightseq, m) {
 }
 
 TORCH_LIBRARY_IMPL(fairseq_lightseq, CPU, m) {
-  m.impl("varlen_attention_fwd", &varlen_attention_fwd_cpu);
-  m.impl("varlen_attention_bwd", &varlen_attention_bwd_cpu);
+  m.impl("varlen_attention_fwd", FLS_CPU_IMPL(varlen_attention_fwd));
+  m.impl("varlen_attention_bwd", FLS_CPU_IMPL(varlen_attention_bwd));
 }
 
 TORCH_LIBRARY_IMPL(fairseq_lightseq, CUDA, m) {

@@ -3,13 +3,32 @@
 `import fairseq_lightseq` never fails because the library is missing or lacks CUDA: the ops fall
 back to the reference implementations and say so once (a warning naming the reason).
 """
+import contextlib
+import ctypes
 import functools
+import os
 import warnings
 from typing import Optional
 
 import torch
 
 NAMESPACE = "fairseq_lightseq"
+
+# The emulated CUDA device (csrc/emulation/, a test build: `make emulated`): with FLS_CUDA_EMULATION=1 its
+# library is loaded before _C, so that _C's CUDA implementations find the emulated kernel launchers, and
+# emulated_cuda() runs them on CPU tensors. Never loaded otherwise. FLS_CUDA_EMULATION_LIBRARY names another
+# build of it (scripts/cuda_mutants.py).
+EMULATION_LIBRARY = os.environ.get("FLS_CUDA_EMULATION_LIBRARY") or os.path.join(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "_cuda_emulated.so")
+EMULATION_LOADED = False
+if os.environ.get("FLS_CUDA_EMULATION") == "1":
+    if torch.version.cuda is not None:
+        raise RuntimeError("FLS_CUDA_EMULATION=1: the emulated CUDA device is for a CPU build of torch; this torch "
+                           f"has CUDA {torch.version.cuda}")
+    if not os.path.exists(EMULATION_LIBRARY):
+        raise RuntimeError(f"FLS_CUDA_EMULATION=1 but {EMULATION_LIBRARY} is missing: build it with `make emulated`")
+    ctypes.CDLL(EMULATION_LIBRARY, mode=ctypes.RTLD_GLOBAL)
+    EMULATION_LOADED = True
 
 try:
     from fairseq_lightseq import _C  # noqa: F401  (registers the ops)
@@ -24,6 +43,32 @@ except ImportError as e:  # not built, or built against another torch
 LIBRARY_FILE = None if _C is None else _C.__file__  # the compiled library's path, None when not loaded
 
 _warned = set()
+_emulating = False
+
+
+@contextlib.contextmanager
+def emulated_cuda(on: bool = True):
+    """Within it, the ops run their CUDA implementations and kernels on CPU tensors, on the emulated device
+    (needs FLS_CUDA_EMULATION=1 at import); fp16 then reaches the kernels on the CPU too. For tests;
+    emulated_cuda(False) inside it runs the CPU kernels again (to compare the two)."""
+    global _emulating
+    if on and (_C is None or not EMULATION_LOADED):
+        raise RuntimeError("the emulated CUDA device is not loaded: set FLS_CUDA_EMULATION=1 (after `make emulated`)")
+    before = _emulating
+    if _C is not None and EMULATION_LOADED:
+        _C.set_cuda_emulation(on)
+    _emulating = on
+    try:
+        yield
+    finally:
+        if _C is not None and EMULATION_LOADED:
+            _C.set_cuda_emulation(before)
+        _emulating = before
+
+
+def emulating() -> bool:
+    """Whether the ops run on the emulated CUDA device now (see emulated_cuda)."""
+    return _emulating
 
 
 def warn_once(key: str, message: str) -> None:
@@ -52,7 +97,7 @@ def use_kernel(op: str, device_type: str, dtype: Optional[torch.dtype] = None) -
     input, when given); otherwise warns once and returns False. The CPU kernels take fp32, fp64 and
     bf16: fp16 on the CPU (fairseq's --fp16 / --memory-efficient-fp16 with --cpu) runs the reference
     ops, which compute in fp32 and return fp16."""
-    if dtype == torch.float16 and device_type == "cpu":
+    if dtype == torch.float16 and device_type == "cpu" and not _emulating:
         warn_once("cpu:float16", "no compiled CPU kernels for float16; using the reference ops (fp32 math)")
         return False
     if has_kernel(op, device_type):

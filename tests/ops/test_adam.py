@@ -2,11 +2,10 @@
 import pytest
 import torch
 
-from support.tensors import randn
+from support.tensors import DEVICES, randn
 from fairseq_lightseq import ops
 from fairseq_lightseq.ops import _backend, reference
 
-DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
 GRAD_DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 # One op call over all of these: sizes around the vector width, the CPU chunk (16384) and the
 # CUDA chunk (32768), odd multi-dim shapes.

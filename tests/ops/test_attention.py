@@ -3,7 +3,7 @@ kernels against the reference (fairseq_lightseq/ops/reference/attention.py), for
 import pytest
 import torch
 
-from support.tensors import DEVICE_DTYPES, assert_close, randn
+from support.tensors import CUDA_DEVICES, DEVICE_DTYPES, DEVICES, assert_close, cpu_kernels, randn
 from fairseq_lightseq import ops
 from fairseq_lightseq.ops import reference
 from fairseq_lightseq.ops.attention import (AttentionSoftmaxDropoutFunction, MergeHeadsFunction,
@@ -105,7 +105,7 @@ def test_padded_and_future_keys_are_exactly_zero(device, dtype):
     assert_close(y.double().sum(-1), torch.ones(B, H, Tq, device=device, dtype=torch.float64), dtype=dtype, scale=2)
 
 
-@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+@pytest.mark.parametrize("device", DEVICES)
 def test_long_row_64k_keys(device):
     Tk = 65536
     s = randn(1, 1, 2, Tk, device=device, seed=4) * 3
@@ -116,7 +116,7 @@ def test_long_row_64k_keys(device):
     assert_close(y, yr, scale=2)
 
 
-@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("offset", [0, 3, 4 * 2**20 + 1])
 @pytest.mark.parametrize("Tk", [37, 64])
 def test_dropout_mask_equals_reference_bit_for_bit(device, offset, Tk):
@@ -257,13 +257,14 @@ def test_dbias_is_deterministic_across_thread_counts():
 
 # ---- kernels on CUDA agree with the CPU kernels (same Philox stream) ----
 
-@pytest.mark.cuda
+@pytest.mark.parametrize("device", CUDA_DEVICES)
 @pytest.mark.parametrize("Tk", [129, 64])
-def test_cuda_dropout_mask_equals_cpu(Tk):
+def test_cuda_dropout_mask_equals_cpu(device, Tk):
     s = randn(2, 3, 5, Tk, seed=1)
     m = _pad_mask("left", 2, Tk, "cpu")
-    a = SM(s, m, True, 0.5, 0.2, 31337, 7)
-    b = SM(s.cuda(), m.cuda(), True, 0.5, 0.2, 31337, 7).cpu()
+    with cpu_kernels():
+        a = SM(s, m, True, 0.5, 0.2, 31337, 7)
+    b = SM(s.to(device), m.to(device), True, 0.5, 0.2, 31337, 7).cpu()
     assert torch.equal(a != 0, b != 0)
     assert_close(b, a, scale=2)
 

@@ -5,7 +5,7 @@ the CPU kernel. The default coordinates are today's call, bit for bit."""
 import pytest
 import torch
 
-from support.tensors import DEVICE_DTYPES, assert_close, assert_same_or_close, randn
+from support.tensors import CUDA_DEVICES, DEVICE_DTYPES, assert_close, assert_same_or_close, cpu_kernels, randn
 from fairseq_lightseq import ops
 from fairseq_lightseq.ops import reference
 from fairseq_lightseq.ops.attention import AttentionSoftmaxDropoutFunction
@@ -211,7 +211,7 @@ def test_fake_kernels_take_coords():
 
 # ---- CUDA against the CPU kernel with coordinates (scripts/gpu_check.sh, step tests_rest) ----
 
-@pytest.mark.cuda
+@pytest.mark.parametrize("device", CUDA_DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("shape,coords", [
     ((2, 3, 5, 64), (7, 2, 11, 3, 67, 1)),  # register rows (Tk % 8 == 0), row starts at any lane of a group
@@ -220,13 +220,15 @@ def test_fake_kernels_take_coords():
     ((1, 2, 3, 2048), (2, 0, 3, 0, 2051, 3)),  # general kernel, long row
 ])
 @pytest.mark.parametrize("causal", [False, True])
-def test_cuda_equals_cpu_with_coords(dtype, shape, coords, causal):
+def test_cuda_equals_cpu_with_coords(device, dtype, shape, coords, causal):
     cpu_dtype = torch.float32 if dtype == torch.float16 else dtype  # no CPU fp16 kernel: fp16 values in fp32
     s, m = _scores(*shape, "cpu", dtype).to(cpu_dtype), _pad(shape[0], shape[3], "cpu", left=True)
     draw = ops.Dropout(0.3, SEED, (1 << 40) + 3)
     g = randn(*shape, dtype=dtype, seed=9).to(cpu_dtype)
-    y, ds = _run(s, m, causal, draw, coords, grad=g)
-    yc, dsc = _run(s.to("cuda", dtype), m.cuda(), causal, draw, coords, grad=g.to("cuda", dtype))
-    _same_zeros(yc, y, reference.attention_softmax_dropout(s, m, causal, SCALE))
+    with cpu_kernels():
+        y, ds = _run(s, m, causal, draw, coords, grad=g)
+        expected_zeros = reference.attention_softmax_dropout(s, m, causal, SCALE)
+    yc, dsc = _run(s.to(device, dtype), m.to(device), causal, draw, coords, grad=g.to(device, dtype))
+    _same_zeros(yc, y, expected_zeros)
     assert_close(yc.cpu().to(cpu_dtype), y, dtype=dtype, scale=2)
     assert_close(dsc.cpu().to(cpu_dtype), ds, dtype=dtype, scale=4)

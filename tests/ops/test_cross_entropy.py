@@ -1,14 +1,10 @@
 """label_smoothed_cross_entropy and its linear (chunked projection) form: the fused kernels against
 the reference (fairseq's formula), forward and backward."""
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
 
-from support import ROOT
-from support.tensors import DEVICE_DTYPES, assert_close, randn
+from support import device_assert
+from support.tensors import CUDA_DEVICES, DEVICE_DTYPES, assert_close, randn
 from fairseq_lightseq import ops
 from fairseq_lightseq.ops import reference
 from fairseq_lightseq.ops.cross_entropy import LabelSmoothedCrossEntropyFunction
@@ -200,27 +196,22 @@ def test_bad_input_names_the_argument(make, match):
 
 
 _BAD_TARGET_CHILD = """
-import torch
-import fairseq_lightseq  # noqa: F401
-logits = torch.randn(4, 10, device="cuda")
-torch.ops.fairseq_lightseq.label_smoothed_cross_entropy_fwd(logits, torch.tensor({target}, device="cuda"), 0.1, {pad})
-torch.cuda.synchronize()
+logits = torch.randn(4, 10, device=DEVICE)
+torch.ops.fairseq_lightseq.label_smoothed_cross_entropy_fwd(logits, torch.tensor({target}, device=DEVICE), 0.1, {pad})
+if DEVICE == "cuda":
+    torch.cuda.synchronize()
 print("NO ERROR")
 """
 
 
-@pytest.mark.cuda
+@pytest.mark.parametrize("device", CUDA_DEVICES)
 @pytest.mark.parametrize("target,match", [("[0, 3, 10, {pad}]", "target[2] = 10 is out of range for V = 10"),
                                           ("[0, -5, 2, {pad}]", "target[1] = -5 is out of range for V = 10")])
-def test_cuda_bad_target_names_the_limit(target, match):
+def test_cuda_bad_target_names_the_limit(device, target, match):
     """On CUDA the forward kernel checks the targets (a host check would sync the device on every call): a bad
-    target prints the row, the value and V, then fails a device assert, which leaves the process's CUDA
-    context unusable, so the bad call runs in a child process whose output and exit status are checked."""
-    code = _BAD_TARGET_CHILD.format(target=target.format(pad=PAD), pad=PAD)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
-    out = r.stdout + r.stderr
-    assert r.returncode != 0 and "NO ERROR" not in out, out[-3000:]
+    target prints the row, the value and V, then fails a device assert (support.device_assert)."""
+    failed, out = device_assert.run(_BAD_TARGET_CHILD.format(target=target.format(pad=PAD), pad=PAD), device)
+    assert failed and "NO ERROR" not in out, out[-3000:]
     assert match in out, out[-3000:]
 
 

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from support.packing import packed_rows, padding_mask
-from support.tensors import DEVICE_DTYPES, assert_close, assert_same_or_close, randn
+from support.tensors import DEVICE_DTYPES, DEVICES, assert_close, assert_same_or_close, cpu_kernels, randn
 from fairseq_lightseq import ops
 from fairseq_lightseq.ops import dropout_stream, reference
 from fairseq_lightseq.ops.dropout import BiasActDropoutFunction, BiasDropoutResidualFunction
@@ -107,7 +107,7 @@ def test_gradcheck_bias_act_dropout_float64(act, shape):
     assert torch.autograd.gradcheck(lambda x, b: BiasActDropoutFunction.apply(x, b, 0.4, act, SEED, 0), (x, b))
 
 
-@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+@pytest.mark.parametrize("device", DEVICES)
 def test_float_activations_match_float64_formulas(device):
     """The branch-free float exp/erf/tanh of fls/activations.h (on CUDA with __fdividef for their
     divides) against float64 over a wide range and at extremes where the divides' denominators
@@ -124,7 +124,8 @@ def test_float_activations_match_float64_formulas(device):
         torch.testing.assert_close(got.double().cpu(), want, rtol=2e-6, atol=1e-6)
         dx, _ = f.bias_act_dropout_bwd(torch.ones(x.shape, device=device), x.float().to(device),
                                        torch.zeros(8, device=device), 0.0, act, 0, 0)
-        dref, _ = f.bias_act_dropout_bwd(torch.ones(x.shape, dtype=torch.float64), x, zero, 0.0, act, 0, 0)
+        with cpu_kernels():  # the float64 CPU kernel, also when `device` is the emulated CUDA device
+            dref, _ = f.bias_act_dropout_bwd(torch.ones(x.shape, dtype=torch.float64), x, zero, 0.0, act, 0, 0)
         torch.testing.assert_close(dx.double().cpu(), dref, rtol=2e-6, atol=1e-6)
 
 
@@ -233,13 +234,19 @@ def test_traces_under_torch_compile_fake_tensors():
     assert m.shape == (10,) and m.dtype == torch.bool
 
 
-VECTOR_CASES = [pytest.param("cpu", torch.float32, (300, 64), id="cpu-float32-300x64")] + [
-    pytest.param("cuda", dt, shape, id=f"cuda-{str(dt)[6:]}-{shape[0]}x{shape[1]}", marks=pytest.mark.cuda)
-    for dt in (torch.float16, torch.bfloat16, torch.float32) for shape in [(300, 64), (4097, 1024), (16389, 256)]]
+# On the emulated device narrower rows reach the same paths (vectors, the general fallback past the vector
+# row limit, several column-sum chunks, 16 rows a thread from 16384 rows) at a tenth of the elements, and two
+# offsets (a multiple of 4 and not) the two kinds of Philox group alignment.
+VECTOR_CASES = [pytest.param("cpu", torch.float32, (300, 64), offset, id=f"cpu-float32-300x64-{offset}")
+                for offset in (0, 4, 1 << 33, 2)] + [
+    pytest.param(device, dt, shape, offset, id=f"{name}-{str(dt)[6:]}-{shape[0]}x{shape[1]}-{offset}", marks=mark)
+    for device, name, mark, shapes, offsets in [
+        ("cuda", "cuda", pytest.mark.cuda, [(300, 64), (4097, 1024), (16389, 256)], (0, 4, 1 << 33, 2)),
+        ("cpu", "cuda_emu", pytest.mark.cuda_emulated, [(300, 64), (1031, 264), (16389, 16)], (1 << 33, 2))]
+    for dt in (torch.float16, torch.bfloat16, torch.float32) for shape in shapes for offset in offsets]
 
 
-@pytest.mark.parametrize("device,dtype,shape", VECTOR_CASES)
-@pytest.mark.parametrize("offset", [0, 4, 1 << 33, 2])
+@pytest.mark.parametrize("device,dtype,shape,offset", VECTOR_CASES)
 def test_vector_paths_match_reference(device, dtype, shape, offset):
     """The CUDA fast paths (16-byte vectors, one Philox call per 4 elements, multi-chunk column sums,
     the 16-rows-per-thread backward from 16384 rows) and their fallbacks: an offset that is not a
@@ -472,7 +479,7 @@ def test_row_map_kernels_match_reference(device, dtype, name, offset, C):
         assert_close(a, b, scale=4)
 
 
-@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("cols", [1, 7, 16])
 @pytest.mark.parametrize("offset", [0, 2, (1 << 33) + 3])
 def test_compiled_mask_with_rows_is_the_reference(device, cols, offset):

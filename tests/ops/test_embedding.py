@@ -1,20 +1,16 @@
 """embedding: token lookup * scale + positions + dropout, the kernels against the reference and fairseq; with a
 row map (packed tokens), the padded call's rows."""
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
 
 from support.packing import packed_rows, padding_mask
-from support.tensors import DEVICE_DTYPES, HAS_CUDA, assert_close, assert_same_or_close, randn
+from support import device_assert
+from support.tensors import CUDA_DEVICES, DEVICE_DTYPES, assert_close, assert_same_or_close, cpu_kernels, randn
 from fairseq_lightseq import ops
 from fairseq_lightseq.ops import dropout_stream, reference
 from fairseq_lightseq.ops.embedding import EmbeddingFunction
 
 PAD = 1
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # (B, T, E, V): odd hidden sizes, T=1, batch 1; small V so that tokens repeat.
 SHAPES = [(1, 1, 7, 11), (3, 11, 129, 50), (2, 17, 512, 300), (1, 6, 512, 9), (4, 1, 129, 40)]
 LAYOUTS = ["right", "left", "none", "all_pad_row", "repeated"]
@@ -306,67 +302,62 @@ def test_traces_under_torch_compile_fake_tensors():
     assert y.shape == (3, 5, 64) and dw.shape == (50, 64) and dp.shape == (0, 64)
 
 
-@pytest.mark.cuda
-@pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("device", CUDA_DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_cuda_matches_cpu_kernel_and_is_deterministic(dtype):
+def test_cuda_matches_cpu_kernel_and_is_deterministic(device, dtype):
     tok, w, pw, dy = _big_case()
     w, pw, dy = (x.detach().to(dtype).requires_grad_() for x in (w, pw, dy))
-    y_cpu = _run_kernel(tok, w, pw, 9.8, 0.1, seed=77)
-    g_cpu = _grads(y_cpu, w, pw, dy)
-    wc, pwc = (x.detach().cuda().requires_grad_() for x in (w, pw))
-    y = _run_kernel(tok.cuda(), wc, pwc, 9.8, 0.1, seed=77)
+    with cpu_kernels():
+        y_cpu = _run_kernel(tok, w, pw, 9.8, 0.1, seed=77)
+        g_cpu = _grads(y_cpu, w, pw, dy)
+    wc, pwc = (x.detach().to(device).requires_grad_() for x in (w, pw))
+    y = _run_kernel(tok.to(device), wc, pwc, 9.8, 0.1, seed=77)
     assert torch.equal((y == 0).cpu(), y_cpu == 0), "CUDA and CPU dropout masks differ"
     assert_close(y.cpu(), y_cpu, scale=2)
-    g1 = _grads(y, wc, pwc, dy.cuda())
-    y2 = _run_kernel(tok.cuda(), wc, pwc, 9.8, 0.1, seed=77)
-    g2 = _grads(y2, wc, pwc, dy.cuda())
+    g1 = _grads(y, wc, pwc, dy.to(device))
+    y2 = _run_kernel(tok.to(device), wc, pwc, 9.8, 0.1, seed=77)
+    g2 = _grads(y2, wc, pwc, dy.to(device))
     assert all(torch.equal(a, b) for a, b in zip(g1, g2))
     for a, b in zip(g1, g_cpu):
         assert_close(a.cpu(), b, scale=40)
 
 
 _BAD_ID_CHILD = """
-import torch
 from fairseq_lightseq import ops
-from fairseq_lightseq.ops import _backend
-assert _backend.use_kernel("embedding_fwd", "cuda"), "no CUDA embedding kernel"
-tok = torch.tensor({tokens}, device="cuda")
-w = torch.randn(10, 8, device="cuda")
+assert _backend.use_kernel("embedding_fwd", DEVICE), "no embedding kernel"
+tok = torch.tensor({tokens}, device=DEVICE)
+w = torch.randn(10, 8, device=DEVICE)
 if "{op}" == "fwd":
-    pw = torch.randn(12, 8, device="cuda")
+    pw = torch.randn(12, 8, device=DEVICE)
     ops.embedding(tok, w, pw, {pad}, 2.0, positions={positions})
 else:
-    grad = torch.randn(*tok.shape, 8, device="cuda")
+    grad = torch.randn(*tok.shape, 8, device=DEVICE)
     torch.ops.fairseq_lightseq.embedding_bwd(grad, tok, {positions}, 10, {num_pos}, {pad}, 2.0, 0.1, 1, 0)
-torch.cuda.synchronize()
+if DEVICE == "cuda":
+    torch.cuda.synchronize()
 print("NO ERROR")
 """
 
 
-@pytest.mark.cuda
-@pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("device", CUDA_DEVICES)
 @pytest.mark.parametrize("op", ["fwd", "bwd"])
 @pytest.mark.parametrize(
     "tokens,positions,match",
     [
         ("[[2, 10]]", "None", "token id 10 exceeds num_embeddings 10"),
         ("[[2, -3]]", "None", "token id -3 is negative"),
-        ("[[2, 3]]", "torch.tensor([[2, 12]], device='cuda')", "position 12 exceeds max positions 12"),
+        ("[[2, 3]]", "torch.tensor([[2, 12]], device=DEVICE)", "position 12 exceeds max positions 12"),
     ],
 )
-def test_cuda_bad_token_names_the_limit(op, tokens, positions, match):
+def test_cuda_bad_token_names_the_limit(device, op, tokens, positions, match):
     """On CUDA the ids are checked inside the kernels (a host-side check would sync the stream on every
-    call): a bad id prints the id and the limit and fails a device assert, which leaves the process's CUDA context unusable,
-    so the bad call runs in a child process whose output and exit status are checked."""
+    call): a bad id prints the id and the limit and fails a device assert (support.device_assert)."""
     if positions == "None":
-        positions = "None" if op == "bwd" else "torch.tensor([[2, 3]], device='cuda')"
+        positions = "None" if op == "bwd" else "torch.tensor([[2, 3]], device=DEVICE)"
     code = _BAD_ID_CHILD.format(tokens=tokens, positions=positions, op=op, pad=PAD,
                                 num_pos=0 if positions == "None" else 12)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
-    out = r.stdout + r.stderr
-    assert r.returncode != 0 and "NO ERROR" not in out, out[-3000:]
+    failed, out = device_assert.run(code, device)
+    assert failed and "NO ERROR" not in out, out[-3000:]
     assert match in out, out[-3000:]
 
 

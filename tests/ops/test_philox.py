@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 
-from support.tensors import HAS_CUDA  # noqa: F401
+from support.tensors import CUDA_DEVICES, cpu_kernels
 from fairseq_lightseq import ops
 from fairseq_lightseq.ops.reference import philox
 
@@ -98,12 +98,13 @@ def test_mask_of_a_shifted_window_is_a_slice():
     assert torch.equal(ops.dropout_mask(500, 0.3, 5, 217), full[217:717])
 
 
-@pytest.mark.cuda
+@pytest.mark.parametrize("device", CUDA_DEVICES)
 @pytest.mark.parametrize("offset", [0, 3, (1 << 34) + 1])
-def test_cuda_mask_equals_cpu_mask(offset):
-    for numel in [1, 5, 4097, 1 << 20]:
-        cpu = ops.dropout_mask(numel, 0.25, -31, offset, "cpu")
-        gpu = ops.dropout_mask(numel, 0.25, -31, offset, "cuda")
+def test_cuda_mask_equals_cpu_mask(device, offset):
+    for numel in [1, 5, 4097, 1 << 16]:
+        with cpu_kernels():
+            cpu = ops.dropout_mask(numel, 0.25, -31, offset, "cpu")
+        gpu = ops.dropout_mask(numel, 0.25, -31, offset, device)
         assert torch.equal(gpu.cpu(), cpu)
 
 

@@ -6,7 +6,7 @@ import warnings
 import pytest
 import torch
 
-from support.tensors import DEVICE_DTYPES, assert_close, randn
+from support.tensors import CUDA_DEVICES, DEVICE_DTYPES, assert_close, cpu_kernels, randn
 from fairseq_lightseq import ops
 from fairseq_lightseq.ops import reference
 from fairseq_lightseq.ops.varlen_attention import VarlenAttentionFunction
@@ -324,10 +324,10 @@ def test_traces_under_torch_compile_fake_tensors():
 
 # ---- CUDA against the CPU kernel (scripts/gpu_check.sh's test step) ----
 
-@pytest.mark.cuda
+@pytest.mark.parametrize("device", CUDA_DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("causal", [False, True])
-def test_cuda_masks_equal_the_cpu_kernels(dtype, causal):
+def test_cuda_masks_equal_the_cpu_kernels(device, dtype, causal):
     lq = lk = [3, 40, 1, 33]
     H, Tq, Tk = 2, 45, 41
     starts = torch.tensor([[0, 38], [5, 1], [44, 0], [0, 8]], dtype=torch.int32)
@@ -338,21 +338,34 @@ def test_cuda_masks_equal_the_cpu_kernels(dtype, causal):
         return ops.varlen_attention(*(t.to(device, dt) for t in (q, k, v)), _cu(lq, device), _cu(lk, device), max(lq),
                                     max(lk), causal, 1.0, draw, coords=ops.VarlenCoords(Tq, Tk, starts.to(device)))
 
-    assert torch.equal(run("cuda", dtype).cpu() != 0, run("cpu", torch.float32) != 0)
+    with cpu_kernels():
+        expected = run("cpu", torch.float32) != 0
+    assert torch.equal(run(device, dtype).cpu() != 0, expected)
 
 
-@pytest.mark.cuda
+# The emulated device takes one head dim per kernel instance with more than one value a lane (33: two, with a
+# partial last lane; 128: four; 256: eight), leaving out 64 (two, like 33).
+HEAD_DIM_CASES = [pytest.param(device, D, id=f"{name}-{D}", marks=mark)
+                  for device, name, mark, dims in [("cuda", "cuda", pytest.mark.cuda, (64, 128, 256, 33)),
+                                                    ("cpu", "cuda_emu", pytest.mark.cuda_emulated, (128, 256, 33))]
+                  for D in dims]
+
+
+@pytest.mark.parametrize("device,D", HEAD_DIM_CASES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("D", [64, 128, 256, 33])
-def test_cuda_equals_cpu_at_model_head_dims(dtype, D):
+def test_cuda_equals_cpu_at_model_head_dims(device, D, dtype):
     lq, lk = [70, 5, 1, 129], [64, 3, 1, 129]
-    dev = Problem(lq, lk, 4, D, "cuda", dtype, seed=2)
+    dev = Problem(lq, lk, 4, D, device, dtype, seed=2)
     cpu = Problem(lq, lk, 4, D)
     cpu.q, cpu.k, cpu.v = (t.float().cpu() for t in (dev.q, dev.k, dev.v))  # the same (rounded) values
     draw = ops.Dropout(0.1, SEED, 0)
     for causal in (False, True):
         y, g = dev.run(_ours, causal, draw)
-        yc, gc = cpu.run(_ours, causal, draw, grad=randn(*y.shape, dtype=dtype, seed=9).float())
-        assert_close(y.cpu(), yc, dtype=dtype, scale=2)
+        with cpu_kernels():
+            yc, gc = cpu.run(_ours, causal, draw, grad=randn(*y.shape, dtype=dtype, seed=9).float())
+        # The two devices sum in different orders: rounding grows with the summands, here up to ~30 (q, k ~ 2x
+        # randn over 129 keys), so the tolerance scales with the tensor's largest value (both stay as close to
+        # the float64 reference as each other).
+        assert_close(y.cpu(), yc, dtype=dtype, scale=2 * max(1.0, yc.abs().max().item()))
         for a, b in zip(g, gc):
-            assert_close(a.cpu(), b, dtype=dtype, scale=8)
+            assert_close(a.cpu(), b, dtype=dtype, scale=2 * max(1.0, b.abs().max().item()))

@@ -1,0 +1,209 @@
+"""Proof that the emulated CUDA device can fail: typical CUDA bugs put into the kernels one at a time, each run
+against the emulated tests that cover it.
+
+    python -m scripts.cuda_mutants [--only N ...] [--json FILE]
+
+For every mutant: a copy of csrc/ with one edit of one kernel file, the emulated library under
+AddressSanitizer rebuilt from that copy (the files the edit reaches; the others are `make emulated`'s objects),
+and `pytest -m cuda_emulated -x` over the mutant's tests with FLS_CUDA_EMULATION_LIBRARY pointing at it; once
+in thread order and, where that passes, in a seeded random order. One row per mutant: the file, the bug, and
+the test that caught it or NOT CAUGHT. The exit status is 1 when a mutant was not caught (or its edit no longer
+applies to the sources). Needs `make build emulated` done and CUDA's headers.
+"""
+import argparse
+import glob
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from typing import List, NamedTuple
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CUDA_INCLUDE = os.environ.get("CUDA_INCLUDE", "/usr/local/cuda/include")
+
+
+class Mutant(NamedTuple):
+    file: str  # under csrc/cuda/
+    bug: str
+    old: str  # replaced once (its first occurrence)
+    new: str
+    tests: List[str]
+
+
+LN = "tests/ops/test_layer_norm.py"
+SOFTMAX = "tests/ops/test_attention.py"
+XENT = "tests/ops/test_cross_entropy.py"
+DROPOUT = "tests/ops/test_dropout.py"
+VARLEN = "tests/ops/test_varlen_attention.py"
+EMB = "tests/ops/test_embedding.py"
+HEADS = "tests/ops/test_attention.py"
+
+MUTANTS = [
+    Mutant("reduce.cuh", "removed __syncthreads (block_sum reads the warps' partial sums unordered)",
+           "  if (lane == 0) scratch[warp] = v;\n  __syncthreads();\n", "  if (lane == 0) scratch[warp] = v;\n",
+           [LN, XENT]),
+    Mutant("reduce.cuh", "race between warps on shared memory (block_sum's first barrier removed: a warp "
+           "overwrites scratch while another still reads the previous sum)",
+           "  __syncthreads();  // scratch may still be read by a previous call\n", "", [LN, SOFTMAX]),
+    Mutant("reduce.cuh", "wrong shuffle offset (the butterfly starts at G/4)",
+           "for (int o = G / 2; o > 0; o >>= 1) v += __shfl_xor_sync", "for (int o = G / 4; o > 0; o >>= 1) v += "
+           "__shfl_xor_sync", [LN, XENT]),
+    Mutant("reduce.cuh", "wrong shuffle width (16 instead of the warp)",
+           "v += __shfl_xor_sync(0xffffffffu, v, o);", "v += __shfl_xor_sync(0xffffffffu, v, o, 16);", [LN, XENT]),
+    Mutant("reduce.cuh", "reduction over the wrong warp count (half the warps)",
+           "nwarps = (blockDim.x + 31) >> 5;\n  __syncthreads();  // scratch", "nwarps = (blockDim.x + 31) >> 6;\n"
+           "  __syncthreads();  // scratch", [LN, XENT]),
+    Mutant("layer_norm.cu", "off-by-one in a tail loop (the row's last column left out of the mean)",
+           "for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) s += to_float(xr[c]);",
+           "for (int64_t c = threadIdx.x; c < cols - 1; c += blockDim.x) s += to_float(xr[c]);", [LN]),
+    Mutant("layer_norm.cu", "grid too small for its work (one block short of a block per row)",
+           "launch<ln_fwd_kernel<T>>(static_cast<unsigned>(rows),",
+           "launch<ln_fwd_kernel<T>>(static_cast<unsigned>(rows > 1 ? rows - 1 : 1),", [LN]),
+    Mutant("layer_norm.cu", "wrong vector-load stride (rows apart by cols / 8 instead of cols elements)",
+           "const uint4* xr = reinterpret_cast<const uint4*>(x + row * cols);",
+           "const uint4* xr = reinterpret_cast<const uint4*>(x + row * (cols / Pack<T>::kN));", [LN]),
+    Mutant("layer_norm.cu", "a block over 1024 threads", "constexpr int kRowThreads = 256;",
+           "constexpr int kRowThreads = 2048;", [LN]),
+    Mutant("layer_norm.cu", "wrong dtype accumulation (the row sum rounded to the storage dtype at every add)",
+           "for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) s += to_float(xr[c]);",
+           "for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) s = to_float(from_float<T>(s + "
+           "to_float(xr[c])));", [LN]),
+    Mutant("column_sums.cuh", "wrong shared-memory index (every column reads group sums of column 0)",
+           "t0 += s0[q][tc];", "t0 += s0[q][0];", [LN]),
+    Mutant("column_sums.cuh", "missing bounds check (the last tile writes columns past the row)",
+           "if (g == 0 && c < cols) {", "if (g == 0) {", [LN]),
+    Mutant("dropout.cu", "dropout offset off by one (element e takes the keep bit of e + 1)",
+           "const int64_t e = static_cast<int64_t>((g0 + i) * 4 + k - d.offset);",
+           "const int64_t e = static_cast<int64_t>((g0 + i) * 4 + k - d.offset + 1);", [DROPOUT]),
+    Mutant("attention_softmax.cu", "removed the -inf guard of the online softmax sum",
+           "    if (x == -INFINITY) continue;", "", ["tests/ops/test_cuda_defects.py", SOFTMAX]),
+    Mutant("varlen_attention.cu", "wrong shuffle source lane in the attention-weight broadcast",
+           "axpy_lane(acc, __shfl_sync(0xffffffffu, w, jj),", "axpy_lane(acc, __shfl_sync(0xffffffffu, w, jj + 1),",
+           [VARLEN]),
+    Mutant("embedding.cu", "missing bounds check (token ids not checked against num_embeddings)",
+           "    check_id(tok, num_embeddings, false);\n    const int64_t pos = kPos ? positions[r] : 0;",
+           "    const int64_t pos = kPos ? positions[r] : 0;", [EMB]),
+]
+
+
+# As the Makefile builds the AddressSanitizer variant (EMU_FLAGS -fsanitize=address).
+FLAGS = ["-std=c++20", "-O2", "-fPIC", "-fsanitize=address", "-DFLS_CUDA_EMULATION", f"-I{CUDA_INCLUDE}",
+         "-Icsrc/include", "-Icsrc/emulation"]
+PREBUILT = os.path.join(ROOT, "build/emulation-asan")
+
+
+def reached(mutated: str) -> set:
+    """The .cu files of csrc/cuda that include `mutated` (a file name there), directly or through headers."""
+    names, grew = {mutated}, True
+    while grew:
+        grew = False
+        for path in glob.glob(os.path.join(ROOT, "csrc/cuda/*.cu*")):
+            name = os.path.basename(path)
+            if name not in names and any(f'#include "{n}"' in open(path).read() for n in names):
+                names.add(name)
+                grew = True
+    return {n for n in names if n.endswith(".cu")}
+
+
+def build(src_root: str, out: str, mutated: str, jobs: int) -> None:
+    """The emulated library into out: the .cu files the edit of `mutated` reaches compiled from the csrc/ under
+    src_root (objects beside out), every other object `make emulated`'s."""
+    objs, cmds = [], []
+    rebuild = reached(mutated)
+    for cu in sorted(glob.glob(os.path.join(src_root, "csrc/cuda/*.cu"))):
+        name = os.path.basename(cu)
+        if name not in rebuild:
+            objs.append(os.path.join(PREBUILT, "cuda", name + ".o"))
+            continue
+        obj = os.path.join(os.path.dirname(out), name + ".o")
+        cmds.append(["g++", *FLAGS, "-x", "c++", "-include", "csrc/emulation/cuda_emulation.h", "-c", cu, "-o", obj])
+        objs.append(obj)
+    objs.append(os.path.join(PREBUILT, "emulation", "scheduler.cpp.o"))
+    running = []
+    for cmd in cmds:
+        running.append(subprocess.Popen(cmd, cwd=src_root, stderr=subprocess.PIPE, text=True))
+        if len(running) >= jobs:
+            _wait(running.pop(0))
+    for p in running:
+        _wait(p)
+    subprocess.run(["g++", "-shared", "-fsanitize=address", "-o", out, *objs], check=True)
+
+
+def _wait(p):
+    _, err = p.communicate()
+    if p.returncode != 0:
+        raise RuntimeError(f"build failed: {' '.join(p.args)}\n{err[-3000:]}")
+
+
+def run_tests(lib: str, tests: List[str], schedule: str) -> tuple:
+    """(caught, by): whether pytest failed on the tests with the emulated library `lib`, and the first failure."""
+    preload = " ".join(subprocess.run(["g++", f"-print-file-name={name}"], capture_output=True, text=True,
+                                      check=True).stdout.strip() for name in ("libasan.so", "libstdc++.so"))
+    env = dict(os.environ, FLS_CUDA_EMULATION="1", FLS_CUDA_EMULATION_LIBRARY=lib, LD_PRELOAD=preload,
+               ASAN_OPTIONS="detect_leaks=0", FLS_EMULATION_SCHEDULE=schedule, FLS_EMULATION_SEED="1")
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-m", "cuda_emulated",
+                        *tests], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    if r.returncode == 0:
+        return False, ""
+    failed = re.findall(r"^FAILED (\S+)", r.stdout, re.M)
+    if failed:
+        return True, failed[0]
+    if r.returncode < 0:
+        return True, f"the test process died (signal {-r.returncode})"
+    return True, (r.stdout + r.stderr).strip().splitlines()[-1][:200]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--only", type=int, nargs="*", help="mutant numbers (1-based) to run; default all")
+    ap.add_argument("--json", help="write the rows here")
+    ap.add_argument("--jobs", type=int, default=2, help="parallel compiles")
+    args = ap.parse_args(argv)
+    if not os.path.exists(os.path.join(CUDA_INCLUDE, "cuda_runtime.h")):
+        print(f"cuda_mutants: CUDA's headers are not in {CUDA_INCLUDE} (set CUDA_INCLUDE)", file=sys.stderr)
+        return 2
+    if not os.path.exists(os.path.join(PREBUILT, "emulation", "scheduler.cpp.o")):
+        print("cuda_mutants: run `make emulated` first (the unmutated objects)", file=sys.stderr)
+        return 2
+    chosen = [(i + 1, m) for i, m in enumerate(MUTANTS) if not args.only or i + 1 in args.only]
+    rows, missed = [], 0
+    print(f"{'#':>2}  {'file':22} {'caught by':60} bug")
+    with tempfile.TemporaryDirectory(prefix="fls-mutants-") as tmp:
+        for n, m in chosen:
+            t0 = time.time()
+            src = os.path.join(tmp, f"m{n}")
+            for sub in ("csrc/cuda", "csrc/include", "csrc/kernels", "csrc/emulation"):
+                shutil.copytree(os.path.join(ROOT, sub), os.path.join(src, sub))
+            path = os.path.join(src, "csrc/cuda", m.file)
+            text = open(path).read()
+            if m.old not in text:
+                row = dict(n=n, file=m.file, bug=m.bug, caught_by="EDIT DOES NOT APPLY")
+                missed += 1
+            else:
+                open(path, "w").write(text.replace(m.old, m.new, 1))
+                lib = os.path.join(src, "lib", "_cuda_emulated.so")
+                os.makedirs(os.path.dirname(lib))
+                build(src, lib, m.file, args.jobs)
+                caught, by = run_tests(lib, m.tests, "ordered")
+                if not caught:
+                    caught, by = run_tests(lib, m.tests, "random")
+                    by = f"{by} (random schedule)" if caught else by
+                row = dict(n=n, file=m.file, bug=m.bug, caught_by=by if caught else "NOT CAUGHT")
+                missed += not caught
+            row["seconds"] = round(time.time() - t0, 1)
+            rows.append(row)
+            print(f"{n:>2}  {m.file:22} {row['caught_by'][:60]:60} {m.bug}", flush=True)
+            shutil.rmtree(src)
+    print(f"{len(rows) - missed} of {len(rows)} mutants caught")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+    return 1 if missed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
