@@ -9,7 +9,8 @@ fairseq_lightseq`), applied by `install()` in this order:
 4. `checkpoint_io`: clear errors for unreadable checkpoints, atomic copies;
 5. `cli_config`: `--bf16` without `--tpu`, `--fp16` and torchrun on the CPU;
 6. `cpu_ddp`: `--ddp-backend pytorch_ddp` on the CPU;
-7. `clean_exit`: fairseq's data-buffer threads stopped before exit.
+7. `clean_exit`: fairseq's data-buffer threads stopped before exit;
+8. `pretrained_bart_task`: `--task translation_from_pretrained_bart` runs (and checks --langs).
 
 Each module says the defect it fixes and has an idempotent `install()`; every attribute they replace
 goes through `wrap.wrap` / `wrap.replace` (which record it in `wrap.PATCHED`). The modules are imported
@@ -29,6 +30,7 @@ ORDER = (
     ("fairseq_lightseq.patches.cli_config", "install"),
     ("fairseq_lightseq.patches.cpu_ddp", "install"),
     ("fairseq_lightseq.patches.clean_exit", "install"),
+    ("fairseq_lightseq.patches.pretrained_bart_task", "install"),
 )
 
 

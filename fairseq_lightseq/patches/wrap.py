@@ -1,11 +1,12 @@
-"""The one way the patches change fairseq, torch or numpy: an attribute of one of their modules replaced
-once, and recorded.
+"""The one way the patches change fairseq, torch or numpy: an attribute of one of their modules (or of a
+class of one) replaced once, and recorded.
 
 `wrap(owner, name, make)` puts `make(original)` in place of the function `owner.name` (the replacement
 keeps the original's docstring and holds it in `_fls_wrapped`); `replace(owner, name, value)` puts
-`value` (a subclass of the class there, or a name the module lacks) in place. Both are idempotent: a
+`value` (a subclass of the class there, or a name the owner lacks) in place. Both are idempotent: a
 second install finds its own replacement and leaves it. `PATCHED` lists what was replaced, as
-("module.name", original or None), for the layout test and for a reader asking what the plugin touches.
+("module.name" or "module.Class.name", original or None), for the layout test and for a reader asking
+what the plugin touches.
 """
 from typing import Callable, Dict, Optional
 
@@ -16,6 +17,9 @@ PATCHED: Dict[str, Optional[object]] = {}
 
 
 def _key(owner, name: str) -> str:
+    """"module.name", or "module.Class.name" for an attribute of a class."""
+    if isinstance(owner, type):
+        return f"{owner.__module__}.{owner.__qualname__}.{name}"
     return f"{owner.__name__}.{name}"
 
 
