@@ -19,7 +19,9 @@ output [S, B, E] (L + 1 tensors) that nothing in training reads. An ls criterion
 the decoder's features only, so its forwards run with return_all_hiddens=False, padded or packed; the
 padded path of every other caller (fairseq's criteria, the hub) keeps fairseq's default. Under
 --ls-packed the same forwards run the source and target real tokens as packed rows; a classification head
-reads the padded decoder output (its pooling picks each row's last </s> of the source positions).
+reads the padded decoder output (its pooling picks each row's last </s> of the source positions). A batch
+with a <pad> inside a row (fairseq's denoising draws its random replacement tokens from every index but
+<s>) runs padded, where fairseq's masks skip that token, as fairseq's model does.
 """
 from fairseq.models import register_model
 from fairseq.models.bart import model as fs
@@ -40,6 +42,21 @@ def check(args) -> None:
     """Raise ValueError naming the first option of `args` ls_bart does not implement (check_supported's
     refusals, pointing at fairseq's bart)."""
     check_supported(args, NAME, "bart")
+
+
+def check_encoder_decoder_state(state_dict) -> None:
+    """ValueError when `state_dict` (a checkpoint's "model") is not an encoder-decoder model's."""
+    keys = list(state_dict)
+    if any(k.startswith("encoder.sentence_encoder.") for k in keys):
+        held = "an encoder-only model's (RoBERTa: encoder.sentence_encoder.*; --arch roberta / ls_roberta)"
+    elif not any(k.startswith("encoder.") for k in keys):
+        held = "a decoder-only model's (a language model: decoder.* only; --arch transformer_lm / ls_transformer_lm)"
+    elif not all(k in keys for k in ("encoder.embed_tokens.weight", "decoder.embed_tokens.weight")):
+        held = "not an encoder-decoder model's (no encoder.embed_tokens / decoder.embed_tokens)"
+    else:
+        return
+    raise ValueError(f"{NAME}: the checkpoint's weights are {held}; a BART/mBART checkpoint (--arch bart_*, mbart_*, "
+                     f"ls_bart_*, ls_mbart_*) is needed")
 
 
 @register_model(NAME)
@@ -92,14 +109,32 @@ class LSBARTModel(LSModelMixin, BARTModel):
             return_all_hiddens = False  # nothing reads them
         packs = None
         if classification_head_name is None and token_embeddings is None:
-            packs = common.packings(self, (src_tokens.eq(self.encoder.padding_idx),
-                                           prev_output_tokens.eq(self.decoder.padding_idx)), packed_rows)
+            try:
+                packs = common.packings(self, (src_tokens.eq(self.encoder.padding_idx),
+                                               prev_output_tokens.eq(self.decoder.padding_idx)), packed_rows)
+            except ValueError:
+                # a <pad> inside a row: fairseq's denoising noise replaces tokens by random indices from 1
+                # (<pad>) up, and fairseq's padded forward then skips that token as padding; so does ours
+                packs = None
         if packs is None:
             return super().forward(src_tokens, src_lengths, prev_output_tokens, features_only=features_only,
                                    classification_head_name=classification_head_name,
                                    token_embeddings=token_embeddings, return_all_hiddens=return_all_hiddens,
                                    alignment_layer=alignment_layer, alignment_heads=alignment_heads)
         return LSTransformerModel.forward_packed(self, src_tokens, prev_output_tokens, packs)
+
+    def load_state_dict(self, state_dict, strict=True, model_cfg=None, args=None):
+        """fairseq's load (its upgrades first: heads, the <mask> row, mBART's language rows), after a check that
+        `state_dict` is an encoder-decoder's: ValueError naming what it holds instead (a RoBERTa's
+        encoder.sentence_encoder.*, a language model's decoder only), where fairseq's BART upgrade would
+        stop at a missing key."""
+        check_encoder_decoder_state(state_dict)
+        return super().load_state_dict(state_dict, strict=strict, model_cfg=model_cfg, args=args)
+
+    def set_beam_size(self, beam):
+        """Nothing to set: fairseq's BART makes its encoder-decoder attention "beamable" here (one copy of
+        the encoder output per sentence, the encoder's reorder_encoder_out made a no-op); our cross-attention
+        takes the encoder output reordered per hypothesis, as fairseq's transformer gives it."""
 
 
 # Architectures: ls_<name> has exactly the defaults of fairseq's <name> (its own function is called).

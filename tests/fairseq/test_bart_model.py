@@ -120,3 +120,30 @@ def test_token_embeddings_are_refused():
     src, lens, prev = batch(task)
     with pytest.raises(ValueError, match="token_embeddings"):
         ours(src, lens, prev, token_embeddings=torch.zeros(*src.shape, 16))
+
+
+@pytest.mark.parametrize("family,message", [("roberta", "encoder-only model's"), ("lm", "decoder-only model's")])
+def test_another_familys_weights_are_refused(family, message):
+    from fairseq.models.roberta import RobertaModel
+    from fairseq.models.transformer_lm import TransformerLanguageModel
+    from support.lm import build_lm
+    from support.roberta import build_roberta
+
+    task = make_bart_task()
+    other = build_roberta(RobertaModel, task) if family == "roberta" else build_lm(TransformerLanguageModel, task)
+    with pytest.raises(ValueError, match=f"ls_bart: the checkpoint's weights are an? {message}"):
+        build_bart(LSBARTModel, task).load_state_dict(other.state_dict())
+
+
+def test_pad_inside_a_row_runs_padded_as_fairseq():
+    """fairseq's denoising noise can replace a source token by <pad>; an ls criterion's forward (packed_rows,
+    --ls-packed on) then runs padded and gives fairseq's features."""
+    task = make_bart_task()
+    ref, ours = bart_pair(task)
+    assert ours.ls_packed
+    src, lens, prev = batch(task, left_pad_source=False)
+    src[0, 2] = task.source_dictionary.pad()
+    features, extra = ours(src, lens, prev, features_only=True, packed_rows=True)
+    expected, _ = ref(src, lens, prev, features_only=True)
+    m = prev.ne(task.target_dictionary.pad()).unsqueeze(-1)
+    assert features.shape == expected.shape and rel_err(features * m, expected * m) < 1e-5
