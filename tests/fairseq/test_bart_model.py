@@ -11,7 +11,7 @@ from fairseq_lightseq.models.ls_bart import ARCHITECTURES, LSBARTModel
 from fairseq_lightseq.modules.transformer import LSTransformerDecoder, LSTransformerEncoder
 
 from support.bart import bart_pair, build_bart, classification_batch, make_bart_task
-from support.models import batch, make_task
+from support.models import batch, make_task, perturb_
 from support.parity import assert_grads_match, rel_err
 
 CONFIGS = {
@@ -98,7 +98,8 @@ def test_fairseq_checkpoint_heads_load_and_mask_row_is_dropped_for_translation()
     loader = build_bart(LSBARTModel, task, load_checkpoint_heads=True)
     loader.load_state_dict(dict(state))
     assert list(loader.classification_heads) == ["cls"]
-    assert torch.equal(loader.classification_heads["cls"].out_proj.weight, state["classification_heads.cls.out_proj.weight"])
+    head = loader.classification_heads["cls"].out_proj.weight
+    assert torch.equal(head, state["classification_heads.cls.out_proj.weight"])
     plain = build_bart(LSBARTModel, task)
     plain.load_state_dict(dict(state))
     assert list(plain.classification_heads) == []
@@ -147,3 +148,47 @@ def test_pad_inside_a_row_runs_padded_as_fairseq():
     expected, _ = ref(src, lens, prev, features_only=True)
     m = prev.ne(task.target_dictionary.pad()).unsqueeze(-1)
     assert features.shape == expected.shape and rel_err(features * m, expected * m) < 1e-5
+
+
+def _sequence_parallel_equals_one_process(P):
+    """In each of P ranks: ls_mbart_base (float64, dropouts 0.1) sharded P ways in both exchange modes against
+    the one-process run (support.sp); returns the largest relative gradient error."""
+    from fairseq_lightseq.criterions.ls_label_smoothed_cross_entropy import LsLabelSmoothedCrossEntropyCriterion
+    from support.sp import assert_sharded_equals_one_process, translation_sample
+
+    task = make_bart_task()
+    torch.manual_seed(0)
+    model = perturb_(build_bart(LSBARTModel, task, dropout=0.1, attention_dropout=0.1, activation_dropout=0.1),
+                     0).double()
+
+    def attach(m, sp):
+        m.encoder.sequence_parallel = m.decoder.sequence_parallel = sp
+
+    criterion = LsLabelSmoothedCrossEntropyCriterion(task, False, 0.1, report_accuracy=True)
+    def sample(d):
+        return translation_sample(task, d, (7, 5))
+
+    return max(assert_sharded_equals_one_process(model, attach, criterion, sample, P, mode, f"ls_mbart_base P={P} {mode}",
+                                                 ("loss", "nll_loss", "ntokens", "nsentences"))
+               for mode in ("ulysses", "allgather"))
+
+
+def test_sequence_parallel_equals_one_process():
+    from support.dist import run
+
+    worst = max(run(_sequence_parallel_equals_one_process, 2, 2))
+    print(f"ls_mbart_base P=2: largest relative gradient error {worst:.3g}")
+
+
+def test_sequence_parallel_options_are_checked_at_build():
+    """A classification head reads one row of one rank: sentence_prediction is refused (so is every criterion
+    that does not count a rank's share); without torch.distributed the model runs unsharded."""
+    task = make_bart_task()
+    with pytest.raises(ValueError, match="--sequence-parallel-size 2 must divide"):
+        build_bart(LSBARTModel, task, sequence_parallel_size=2)
+    with pytest.raises(ValueError, match="does not support --criterion sentence_prediction"):
+        build_bart(LSBARTModel, task, sequence_parallel_size=2, distributed_world_size=2,
+                   criterion="sentence_prediction")
+    model = build_bart(LSBARTModel, task, sequence_parallel_size=2, distributed_world_size=2,
+                       criterion="ls_label_smoothed_cross_entropy")
+    assert model.encoder.sequence_parallel is None and not model.ls_packed

@@ -1,6 +1,7 @@
 """Builders for the BART tests: tiny fairseq `bart` / `ls_bart` pairs with the same weights (classification
 heads too), sentence-classification batches as fairseq's sentence_prediction task gives BART (every row
-ends with </s>, the decoder reads the row shifted right), and the Multi30k data-bins of the command-line tests (`mbart_data_once`)."""
+ends with </s>, the decoder reads the row shifted right), and the Multi30k data-bins of the command-line
+tests (`mbart_data_once`)."""
 import gzip
 import os
 import random
