@@ -10,6 +10,8 @@ first sentences of Multi30k En-De (support.bart's data-bins), tiny models (1 lay
   - a sentence_prediction fine-tune with BART's classification head (ls_bart_base vs bart_base);
 * the ls fine-tune decodes (fairseq-generate, beam 2, mBART's language tokens) the same hypotheses as
   fairseq's own mbart_base model does from the same checkpoint converted to fairseq's names;
+* BART's hub interface (BARTModel.from_pretrained) over ours gives fairseq's model's features, head scores,
+  mask fillings and samples on the same weights;
 * with dropout on, --ls-packed True and False log the same losses;
 * bad input: another family's checkpoint for ls_mbart_base: one error naming what it holds.
 
@@ -110,11 +112,13 @@ def finetuning(tmp_path_factory, data, pretrained):
 @pytest.fixture(scope="module")
 def sentence_prediction(tmp_path_factory):
     d = roberta_corpus_once(tmp_path_factory)
-    return both(tmp_path_factory, "bart_sp", lambda save: [
+    runs = both(tmp_path_factory, "bart_sp", lambda save: [
         os.path.join(d, "ft"), "--task", "sentence_prediction", "--add-prev-output-tokens", "--num-classes", "2",
         "--init-token", "0", "--separator-token", "2", "--max-positions", "64", "--arch", "ls_bart_base", *TINY,
         *NO_DROPOUT, "--criterion", "sentence_prediction", "--optimizer", "ls_adam", "--lr", "0.002",
         "--max-tokens", "512", *RUN, "--max-update", str(UPDATES), "--save-dir", save])
+    runs["corpus"] = d
+    return runs
 
 
 @pytest.mark.parametrize("case", ["denoising", "pretraining", "finetuning", "sentence_prediction"])
@@ -197,3 +201,53 @@ def test_another_familys_checkpoint_is_refused(data, tmp_path):
     rc, out = run(["fairseq-train", *finetune_args(data, os.path.join(lm, "checkpoint_last.pt"),
                                                    str(tmp_path / "ft"), updates=1)], str(tmp_path), check=False)
     assert rc != 0 and "ls_bart: the checkpoint's weights are a decoder-only model's" in out, out[-3000:]
+
+
+@pytest.fixture(scope="module")
+def char_denoising(tmp_path_factory, sentence_prediction):
+    """ls_bart_base pretrained (denoising, 30 updates) on the sentence_prediction corpus' text (characters)."""
+    d = sentence_prediction["corpus"]
+    save = str(tmp_path_factory.mktemp("char_denoising"))
+    train_losses([os.path.join(d, "mlm"), "--task", "denoising", "--arch", "ls_bart_base", *TINY, *NO_DROPOUT,
+                  *NOISE, *LS, *RUN, "--max-update", "30", "--save-dir", save], save)
+    return save
+
+
+def hubs(save_dir, data, tmp_path):
+    """BARTModel.from_pretrained (fairseq's BARTHubInterface, BPE `characters`) over save_dir's checkpoint_last.pt
+    and over the same weights under fairseq's names: (ours, fairseq's), in eval mode."""
+    from fairseq.models.bart import BARTModel
+    from fairseq_lightseq.models.ls_bart import LSBARTModel
+
+    convert(os.path.join(save_dir, "checkpoint_last.pt"), str(tmp_path / "fairseq.pt"), "fairseq", str(tmp_path))
+    ours, theirs = (BARTModel.from_pretrained(folder, checkpoint_file=name, data_name_or_path=data,
+                                              bpe="characters").eval()
+                    for folder, name in ((save_dir, "checkpoint_last.pt"), (str(tmp_path), "fairseq.pt")))
+    assert isinstance(ours.model, LSBARTModel) and not isinstance(theirs.model, LSBARTModel)
+    return ours, theirs
+
+
+def test_hub_features_and_predict_on_ours_match_fairseqs(sentence_prediction, tmp_path):
+    """The sentence_prediction checkpoint through the hub: the same features and class scores of its
+    classification head."""
+    import torch
+
+    ours, theirs = hubs(sentence_prediction["ls"][1], os.path.join(sentence_prediction["corpus"], "ft"), tmp_path)
+    tokens = ours.encode("the cat sat on a mat")
+    assert torch.equal(tokens, theirs.encode("the cat sat on a mat"))
+    with torch.no_grad():
+        features = [h.extract_features(tokens) for h in (ours, theirs)]
+        assert features[0].shape == (1, len(tokens), 32) and torch.allclose(*features, atol=1e-5)
+        scores = [h.predict("sentence_classification_head", tokens) for h in (ours, theirs)]
+        assert scores[0].shape == (1, 2) and torch.allclose(*scores, atol=1e-5)
+
+
+def test_hub_fill_mask_and_sample_on_ours_match_fairseqs(sentence_prediction, char_denoising, tmp_path):
+    """The denoising checkpoint through the hub (its task builds the inference data): the same mask fillings
+    and samples."""
+    ours, theirs = hubs(char_denoising, os.path.join(sentence_prediction["corpus"], "mlm"), tmp_path)
+    fills = [h.fill_mask(["the cat <mask> on a mat"], topk=2) for h in (ours, theirs)]
+    assert [[t for t, _ in f] for f in fills[0]] == [[t for t, _ in f] for f in fills[1]]
+    assert len(fills[0][0]) == 2
+    samples = [h.sample(["the cat sat"], beam=2, max_len_b=10) for h in (ours, theirs)]
+    assert samples[0] == samples[1] and isinstance(samples[0][0], str)

@@ -168,8 +168,9 @@ def _sequence_parallel_equals_one_process(P):
     def sample(d):
         return translation_sample(task, d, (7, 5))
 
-    return max(assert_sharded_equals_one_process(model, attach, criterion, sample, P, mode, f"ls_mbart_base P={P} {mode}",
-                                                 ("loss", "nll_loss", "ntokens", "nsentences"))
+    logged = ("loss", "nll_loss", "ntokens", "nsentences")
+    return max(assert_sharded_equals_one_process(model, attach, criterion, sample, P, mode,
+                                                 f"ls_mbart_base P={P} {mode}", logged)
                for mode in ("ulysses", "allgather"))
 
 
