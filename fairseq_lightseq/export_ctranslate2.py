@@ -1,6 +1,7 @@
 """`python -m fairseq_lightseq.export_ctranslate2 CHECKPOINT DATA_BIN OUTPUT_DIR`: a CTranslate2 model
 directory from a translation or language-model checkpoint of ours (or of fairseq's transformer /
-transformer_lm), or from a BART/mBART fine-tuned with fairseq's translation task, for serving with `ctranslate2.Translator` or `ctranslate2.Generator`.
+transformer_lm), or from a BART/mBART fine-tuned with fairseq's translation task, for serving with
+`ctranslate2.Translator` or `ctranslate2.Generator`.
 
     python -m fairseq_lightseq.export_ctranslate2 checkpoints/checkpoint_best.pt data-bin ct2_model \\
         [--quantization int8] [--force] [--source-lang en --target-lang de]

@@ -1,7 +1,8 @@
-"""Deploying with CTranslate2: `python -m fairseq_lightseq.export_ctranslate2` on a tiny ls_transformer, and a
-tiny ls_bart_base fine-tuned by the translation task, trained through fairseq-train, then CTranslate2's beam search against fairseq-generate's on the same
-test split (tokens in, tokens out), and the command's refusals. Marked `e2e`; skipped, with one reason,
-where the ctranslate2 package is not installed (`make setup` installs it when pip can)."""
+"""Deploying with CTranslate2: `python -m fairseq_lightseq.export_ctranslate2` on a tiny ls_transformer, and
+a tiny ls_bart_base fine-tuned by the translation task, trained through fairseq-train, then CTranslate2's
+beam search against fairseq-generate's on the same test split (tokens in, tokens out), and the command's
+refusals. Marked `e2e`; skipped, with one reason, where the ctranslate2 package is not installed (`make setup`
+installs it when pip can)."""
 import argparse
 import math
 import os
