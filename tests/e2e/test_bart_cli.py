@@ -159,16 +159,19 @@ def hypotheses(data, path, cwd):
     return {int(m.group(1)): (float(m.group(2)), m.group(3)) for m in found if m}
 
 
-def test_finetune_without_recompute_and_in_bf16(data, pretrained, finetuning, tmp_path):
-    """--ls-recompute-attention False keeps q, k, v instead of projecting them again: the same losses as the
-    default run; --bf16 trains (losses near fp32's)."""
+def test_finetune_options(data, pretrained, finetuning, tmp_path):
+    """--ls-recompute-attention False keeps q, k, v instead of projecting them again, --checkpoint-activations
+    runs each layer's forward again in backward: the same losses as the default run; --bf16 and --fp16 train
+    (losses near fp32's)."""
     def first(*extra):
         save = fresh(tmp_path, extra[0].strip("-"))
         return train_losses(finetune_args(data, pretrained, save, *NO_DROPOUT, *extra, updates=3), save)
 
     default = finetuning["ls"][0][:3]
     assert first("--ls-recompute-attention", "False") == pytest.approx(default, abs=1e-6)
+    assert first("--checkpoint-activations") == pytest.approx(default, abs=1e-6)
     assert first("--bf16") == pytest.approx(default, abs=0.1)
+    assert first("--fp16") == pytest.approx(default, abs=0.1)
 
 
 def test_packed_and_padded_losses_match_with_dropout(data, pretrained, tmp_path, monkeypatch):
