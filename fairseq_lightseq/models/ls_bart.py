@@ -14,10 +14,13 @@ Architectures are `ls_<name>` for fairseq's bart_base, bart_large, mbart_base, m
 mbart_base_wmt20, calling fairseq's arch functions: learned positions, --layernorm-embedding (not in
 mbart_base_wmt20), no embedding scale for BART (scaled for mBART), post-LN, GELU, shared embeddings.
 
-BART's forward defaults to return_all_hiddens=True: the encoder then keeps a list of every layer's
-output [S, B, E] (L + 1 tensors) that nothing in training reads. An ls criterion (packed_rows) reads
-the decoder's features only, so its forwards run with return_all_hiddens=False, padded or packed; the
-padded path of every other caller (fairseq's criteria, the hub) keeps fairseq's default. Under
+BART's forward defaults to return_all_hiddens=True: the encoder then returns a list of every layer's
+output [S, B, E] (L + 1 tensors) that nothing in training reads. In training each of them is a tensor that
+autograd keeps for backward anyway (the next layer's input, the cross-attention's keys and values), so the
+list holds no storage of its own (saved-bytes count at bart_base width: none outside the saved tensors); a
+packed forward has no padded states to return. An ls criterion (packed_rows) reads the decoder's features
+only, so its forwards run with return_all_hiddens=False, padded or packed; every other caller (fairseq's
+criteria, the hub) gets fairseq's default. Under
 --ls-packed the same forwards run the source and target real tokens as packed rows; a classification head
 reads the padded decoder output (its pooling picks each row's last </s> of the source positions). A batch
 with a <pad> inside a row (fairseq's denoising draws its random replacement tokens from every index but
