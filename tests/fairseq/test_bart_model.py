@@ -193,3 +193,20 @@ def test_sequence_parallel_options_are_checked_at_build():
     model = build_bart(LSBARTModel, task, sequence_parallel_size=2, distributed_world_size=2,
                        criterion="ls_label_smoothed_cross_entropy")
     assert model.encoder.sequence_parallel is None and not model.ls_packed
+
+
+def test_encoder_states_hold_no_storage_beyond_what_backward_keeps():
+    """BART's forward returns every encoder layer's output (return_all_hiddens=True): in training each is a
+    tensor autograd keeps for backward anyway, so the list costs no memory."""
+    from scripts.bench_support.saved_bytes import SavedBytes
+
+    task = make_bart_task()
+    _, ours = bart_pair(task)
+    src, lens, prev = batch(task, B=3, S=7, T=6)
+    with SavedBytes(list(ours.parameters())) as saved:
+        enc = ours.encoder(src, src_lengths=lens, return_all_hiddens=True)
+        out = ours.decoder(prev, encoder_out=enc, features_only=True)[0]
+    saved.finish(out)
+    states = enc["encoder_states"]
+    assert len(states) == len(ours.encoder.layers) + 1
+    assert all(t.untyped_storage().data_ptr() in saved._seen for t in states)
