@@ -20,11 +20,12 @@ autograd keeps for backward anyway (the next layer's input, the cross-attention'
 list holds no storage of its own (saved-bytes count at bart_base width: none outside the saved tensors); a
 packed forward has no padded states to return. An ls criterion (packed_rows) reads the decoder's features
 only, so its forwards run with return_all_hiddens=False, padded or packed; every other caller (fairseq's
-criteria, the hub) gets fairseq's default. Under
---ls-packed the same forwards run the source and target real tokens as packed rows; a classification head
-reads the padded decoder output (its pooling picks each row's last </s> of the source positions). A batch
-with a <pad> inside a row (fairseq's denoising draws its random replacement tokens from every index but
-<s>) runs padded, where fairseq's masks skip that token, as fairseq's model does.
+criteria, the hub) gets fairseq's default.
+
+Under --ls-packed the ls criteria's forwards run the source and target real tokens as packed rows; a
+classification head reads the padded decoder output (its pooling picks each row's last </s> of the source
+positions). A batch with a <pad> inside a row (fairseq's denoising draws its random replacement tokens from
+every index but <s>) runs padded, where fairseq's masks skip that token, as fairseq's model does.
 """
 from fairseq.models import register_model
 from fairseq.models.bart import model as fs
