@@ -4,8 +4,9 @@
     python results.py --compare LS_DIR... -- NATIVE_DIR...      # mean, std and the mean difference
 
 Pretraining and fine-tuning: the validation loss (base 2, label-smoothed, per target token) of the last
-validation; the test split: sacreBLEU of OUT_DIR/test.hyp (fairseq-generate's detokenized translations, in
-sentence order) against REFERENCE (prepare.py's raw/test.de), also written to OUT_DIR/bleu.txt.
+validation (None for a run with --disable-validation); the test split: sacreBLEU of OUT_DIR/test.hyp
+(fairseq-generate's detokenized translations, in sentence order) against REFERENCE (prepare.py's
+raw/test.de), also written to OUT_DIR/bleu.txt.
 """
 import json
 import os
@@ -39,8 +40,7 @@ def results(out, reference=None):
     with open(bleu_file) as f:
         bleu = float(f.read())
     return {"pretrain_valid_loss": float(pretrain["valid_loss"]) if pretrain else None,
-            "finetune_valid_loss": float(finetune["valid_loss"]), "finetune_updates": int(finetune["valid_num_updates"]),
-            "test_bleu": bleu}
+            "finetune_valid_loss": float(finetune["valid_loss"]) if finetune else None, "test_bleu": bleu}
 
 
 def compare(ls_dirs, native_dirs):
