@@ -22,7 +22,8 @@ COLUMNS = ["id", "date", "commit", "machine", "load", "family", "mode", "shape",
            "superseded_by", "run", "note"]
 FAMILIES = {"translation": "Translation (`ls_transformer*`)",
             "lm": "Language model (`ls_transformer_lm*`)",
-            "roberta": "RoBERTa (`ls_roberta*`)"}
+            "roberta": "RoBERTa (`ls_roberta*`)",
+            "bart": "BART / mBART (`ls_bart*`, `ls_mbart*`)"}
 MODES = ["throughput", "packed", "host time", "saved bytes", "op", "decoding", "quality", "sequence parallel"]
 STATUSES = {
     "current": "the latest measurement of this figure, on code that still behaves as measured",

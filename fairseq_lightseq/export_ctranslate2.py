@@ -1,6 +1,7 @@
 """`python -m fairseq_lightseq.export_ctranslate2 CHECKPOINT DATA_BIN OUTPUT_DIR`: a CTranslate2 model
 directory from a translation or language-model checkpoint of ours (or of fairseq's transformer /
-transformer_lm), for serving with `ctranslate2.Translator` or `ctranslate2.Generator`.
+transformer_lm), or from a BART/mBART fine-tuned with fairseq's translation task, for serving with
+`ctranslate2.Translator` or `ctranslate2.Generator`.
 
     python -m fairseq_lightseq.export_ctranslate2 checkpoints/checkpoint_best.pt data-bin ct2_model \\
         [--quantization int8] [--force] [--source-lang en --target-lang de]
@@ -26,7 +27,12 @@ was imported. So this command does what the manual route does, in one process:
    fairseq's model from DATA_BIN's dictionaries, loads the weights and writes its model spec; its checks
    (e.g. the same normalize-before on both sides) and its quantizations apply unchanged.
 
-RoBERTa cannot be exported: CTranslate2's fairseq converter has no RoBERTa model.
+RoBERTa cannot be exported: CTranslate2's fairseq converter has no RoBERTa model. BART and mBART (ls_bart*,
+ls_mbart*, fairseq's bart*, mbart*) are exported when fine-tuned with fairseq's `translation` task: the converter
+reads a `bart` model as a translation model of that task (the source followed by </s>, decoding from </s>).
+Every other task of theirs is refused by name (BART_TASKS): `translation_from_pretrained_bart` decodes
+differently (each source ends with its language token [src], and a translation starts and ends with [tgt],
+which the converter does not place), and the pretraining and classification tasks make no translator.
 
 CTranslate2 works on tokens: give `ctranslate2.Translator(OUTPUT_DIR).translate_batch` the source as the
 token list fairseq-generate sees (after your BPE or sentencepiece), without </s>, and a language model's
@@ -45,7 +51,16 @@ from .checkpoints.io import CheckpointReadError, load_file
 from .models.families import FAMILIES, PREFIX, family_of
 
 INSTALL = "pip install ctranslate2"
-EXPORTED = ("translation", "language_model")
+EXPORTED = ("translation", "language_model", "bart")
+# Why a BART/mBART checkpoint of each task but `translation` is not exported (see the module docstring).
+BART_TASKS = {
+    "translation_from_pretrained_bart": "its sources end with their language token and its translations start "
+                                        "and end with the target's, which CTranslate2's converter does not place "
+                                        "(it decodes from </s>)",
+    "denoising": "a pretrained BART reconstructs text, it is no translation model",
+    "multilingual_denoising": "a pretrained mBART reconstructs text, it is no translation model",
+    "sentence_prediction": "a classifier has no decoder output to translate with",
+}
 
 
 def _ctranslate2():
@@ -98,6 +113,27 @@ def _lm_args(state: dict) -> argparse.Namespace:
     return argparse.Namespace(**merged)
 
 
+def recorded_task(state: dict):
+    """The task a loaded checkpoint was trained with (`args.task`, else cfg.task's _name), or None."""
+    args, cfg = state.get("args"), state.get("cfg")
+    if args is not None and getattr(args, "task", None):
+        return args.task
+    task = cfg.get("task") if cfg is not None else None
+    if isinstance(task, argparse.Namespace):
+        return getattr(task, "_name", None) or getattr(task, "task", None)
+    return task.get("_name") if task is not None else None
+
+
+def check_bart_task(state: dict, arch: str) -> None:
+    """ExportError unless the BART/mBART checkpoint was fine-tuned with fairseq's translation task."""
+    task = recorded_task(state)
+    if task == "translation":
+        return
+    why = BART_TASKS.get(task, "CTranslate2's converter reads a BART as a model of fairseq's translation task")
+    raise ExportError(f"{arch!r} was trained with --task {task}: CTranslate2 can serve a BART/mBART fine-tuned with "
+                      f"--task translation only ({why})")
+
+
 def native_state(state: dict):
     """(family name, what CTranslate2's converter reads) of a loaded checkpoint, with fairseq's names:
     ls_X -> X; a fairseq checkpoint as it is. For a translation model {args, cfg, model}; for a language
@@ -109,8 +145,10 @@ def native_state(state: dict):
     name, family = _family(arch)
     if name not in EXPORTED:
         kinds = ", ".join(f"{FAMILIES[n].model}, {FAMILIES[n].native}" for n in EXPORTED)
-        raise ExportError(f"only translation and language models ({kinds} and their architectures) can be "
+        raise ExportError(f"only translation and language models and BART ({kinds} and their architectures) can be "
                           f"exported to CTranslate2; {arch!r} is a {family.task} model")
+    if name == "bart":
+        check_bart_task(state, arch)
     if arch.startswith(PREFIX):
         convert_state(state, "fairseq")
     if name == "language_model":
@@ -163,7 +201,9 @@ def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m fairseq_lightseq.export_ctranslate2", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("checkpoint", help="a translation or language-model checkpoint (ls_transformer*, "
-                                           "ls_transformer_lm*, or fairseq's transformer*, transformer_lm*)")
+                                           "ls_transformer_lm*, or fairseq's transformer*, transformer_lm*), or a "
+                                           "BART/mBART fine-tuned with --task translation (ls_bart*, ls_mbart*, "
+                                           "bart*, mbart*)")
     parser.add_argument("data_bin", help="the fairseq-preprocess directory the model was trained on")
     parser.add_argument("output_dir", help="the CTranslate2 model directory to write")
     parser.add_argument("--quantization", default=None,

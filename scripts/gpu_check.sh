@@ -60,7 +60,8 @@ BENCH_FIRST="--device cuda --arch-size big --max-tokens 8192 --corpus-pairs 2000
 # A new model family's benchmark is one row in the second profile (-m scripts.benchmark --family NAME): the LM's
 # below (GPT-2-small widths, bf16, T = 1024 and 4096 at 16k tokens, ls / fairseq adam / fused AdamW, MFU),
 # first in the second call because that family has never run on a GPU; RoBERTa's next (roberta_base, bf16,
-# T = 512 at 16k tokens, masked_lm pretraining; it reuses the LM's corpus, which benchmark_lm made).
+# T = 512 at 16k tokens, masked_lm pretraining; it reuses the LM's corpus, which benchmark_lm made); BART's
+# after it (bart_base, bf16, T = 512 at 16k tokens, denoising pretraining on the same corpus).
 STEPS='
 tests_new        first   30   90  pytest  -m cuda $TESTS_NEW
 benchmark        first  150  220  py      -m scripts.benchmark $BENCH_FIRST --precision fp16 --json $OUT_DIR/benchmark.json
@@ -70,6 +71,7 @@ bench_criterion  first   15   40  py      -m scripts.bench_criterion --device cu
 bench_optimizer  first   10   30  py      -m scripts.bench_optimizer --device cuda
 benchmark_lm     second 150  220  py      -m scripts.benchmark --family lm --device cuda --warmup 20 --steps 50 --rounds 1 --json $OUT_DIR/benchmark_lm.json
 benchmark_roberta second 100 180  py      -m scripts.benchmark --family roberta --device cuda --warmup 20 --steps 50 --rounds 1 --json $OUT_DIR/benchmark_roberta.json
+benchmark_bart   second 100  180  py      -m scripts.benchmark --family bart --device cuda --warmup 20 --steps 50 --rounds 1 --json $OUT_DIR/benchmark_bart.json
 bench_ops_fp16   second  30   75  py      -m scripts.bench_ops --device cuda --dtype fp16 --shapes base,big,large,long --skip-ref --json $OUT_DIR/bench_ops_fp16.json
 benchmark_bf16   second 150  220  py      -m scripts.benchmark $BENCH_FIRST --precision bf16 --json $OUT_DIR/benchmark_bf16.json
 benchmark_explicit second 100 200  py      -m scripts.benchmark $BENCH_FIRST --precision fp16,bf16 --sides ls --ls-extra "--ls-attention explicit" --json $OUT_DIR/benchmark_explicit.json

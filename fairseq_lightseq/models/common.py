@@ -30,6 +30,11 @@ RECOMPUTE_DEFAULTS = {"ls_transformer": True, "ls_transformer_lm": False, "ls_ro
 # padding, so packing only adds its own cost: off. The figures are in the benchmark results, not here.
 PACKED_DEFAULTS = {"ls_transformer": True, "ls_transformer_lm": False, "ls_roberta": True}
 
+# ls_bart (BART, mBART) is the translation model with other heads and tasks: its rows, and so its defaults,
+# are ls_transformer's.
+RECOMPUTE_DEFAULTS["ls_bart"] = RECOMPUTE_DEFAULTS["ls_transformer"]
+PACKED_DEFAULTS["ls_bart"] = PACKED_DEFAULTS["ls_transformer"]
+
 # Dropout probabilities the layers take; each must be in [0, 1] (checked at build, not by the first
 # forward's op). --relu-dropout is fairseq's old name for --activation-dropout.
 DROPOUT_OPTIONS = ("dropout", "attention_dropout", "activation_dropout", "relu_dropout")

@@ -18,7 +18,7 @@ from fairseq.optim.adam import FairseqAdam
 from ..criterions.ls_cross_entropy import LsCrossEntropyCriterion
 from ..criterions.ls_label_smoothed_cross_entropy import LsLabelSmoothedCrossEntropyCriterion
 from ..criterions.ls_masked_lm import LsMaskedLmLoss
-from . import ls_roberta, ls_transformer, ls_transformer_lm
+from . import ls_bart, ls_roberta, ls_transformer, ls_transformer_lm
 from .common import check_supported
 from ..optim.ls_adam import LSAdam
 
@@ -59,6 +59,10 @@ FAMILIES = {
     # pretraining; fine-tuning is fairseq's sentence_prediction task and criterion on the same model
     "masked_lm": Family("masked_lm", "ls_roberta", "roberta", ls_roberta.ARCHITECTURES, "ls_masked_lm",
                         "masked_lm", checker=ls_roberta.check),
+    # BART / mBART: denoising pretraining (multilingual_denoising for mBART); fine-tuning is fairseq's
+    # translation_from_pretrained_bart, translation or sentence_prediction task on the same model
+    "bart": Family("denoising", "ls_bart", "bart", ls_bart.ARCHITECTURES, "ls_label_smoothed_cross_entropy",
+                   "label_smoothed_cross_entropy", checker=ls_bart.check),
 }
 
 # (fairseq's registry name, ours), (fairseq's class name, ours) — the class names are what fairseq records

@@ -45,6 +45,12 @@ class LSTransformerModel(LSModelMixin, TransformerModel):
             return super().forward(src_tokens, src_lengths, prev_output_tokens, return_all_hiddens=return_all_hiddens,
                                    features_only=features_only, alignment_layer=alignment_layer,
                                    alignment_heads=alignment_heads)
+        return self.forward_packed(src_tokens, prev_output_tokens, packs)
+
+    def forward_packed(self, src_tokens, prev_output_tokens, packs):
+        """The packed forward of an encoder-decoder model (ls_transformer, ls_bart): src_tokens [B, S] and
+        prev_output_tokens [B, T] with their Packings `packs` (source, target). Returns the decoder's packed
+        output ([N, E] features, the target's Packing in the extra output)."""
         source, target = packs
         encoder_rows = self.encoder.forward_packed(src_tokens, source)
         x = self.decoder.forward_packed(prev_output_tokens, target, encoder_rows, source)

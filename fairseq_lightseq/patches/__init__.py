@@ -12,7 +12,8 @@ fairseq_lightseq`), applied by `install()` in this order:
 7. `clean_exit`: fairseq's data-buffer threads stopped before exit;
 8. `refusal_exit`: the plugin's refusals (errors.Refusal) end a command with their message alone, exit 1;
 9. `batch_seeds`: an ls_* model's dropout masks do not depend on how an update's batches are split over
-   ranks and --update-freq steps.
+   ranks and --update-freq steps;
+10. `pretrained_bart_task`: `--task translation_from_pretrained_bart` runs (and checks --langs).
 
 Each module says the defect it fixes and has an idempotent `install()`; every attribute they replace
 goes through `wrap.wrap` / `wrap.replace` (which record it in `wrap.PATCHED`). The modules are imported
@@ -34,6 +35,7 @@ ORDER = (
     ("fairseq_lightseq.patches.clean_exit", "install"),
     ("fairseq_lightseq.patches.refusal_exit", "install"),
     ("fairseq_lightseq.patches.batch_seeds", "install"),
+    ("fairseq_lightseq.patches.pretrained_bart_task", "install"),
 )
 
 

@@ -1,5 +1,5 @@
-"""The one way the patches change fairseq, torch or numpy: an attribute of one of their modules replaced
-once, and recorded.
+"""The one way the patches change fairseq, torch or numpy: an attribute of one of their modules (or of a
+class of one) replaced once, and recorded.
 
 `wrap(owner, name, make)` puts `make(original)` in place of the function `owner.name` (owner: a module, or
 a class whose method fairseq calls through its instances; the replacement keeps the original's docstring

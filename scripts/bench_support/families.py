@@ -102,6 +102,30 @@ FAMILIES = {
         },
         tokens="input tokens (all, masked or not)",
         masked=True),
+    # BART pretraining: ls_bart_* + ls_label_smoothed_cross_entropy vs bart_* + label_smoothed_cross_entropy
+    # (fairseq's denoising task with BART's noise: 30% of the words in Poisson(3.5) spans, one <mask> a span,
+    # 10% random tokens) on the LM's synthetic corpus, blocks of T tokens (break mode none). The noise draws
+    # from torch's generator while fairseq builds a batch, so the two sides' batches differ in their masks,
+    # not in their shapes.
+    "bart": BenchFamily(
+        library="bart",
+        archs={"base": "bart_base", "large": "bart_large"},
+        stacks=("encoder", "decoder"),
+        embed_dims=(),
+        task_args=("--sample-break-mode", "none", "--mask", "0.3", "--mask-random", "0.1", "--poisson-lambda",
+                   "3.5", "--mask-length", "span-poisson", "--replace-length", "1", "--rotate", "0",
+                   "--permute-sentences", "0", "--label-smoothing", "0.1"),
+        seq_len="tokens-per-sample",
+        data_bin=synthetic_lm_data_bin,
+        defaults={
+            "corpus": 200_000, "vocab": 50264,  # + <mask> = BART's 50265 entries
+            "cpu": {"arch_size": "base", "layers": 2, "max_tokens": [1024], "seq_len": [512],
+                    "precision": ["fp32"]},
+            "cuda": {"arch_size": "base", "layers": None, "max_tokens": [16384], "seq_len": [512],
+                     "precision": ["bf16"], "sweep": [8192, 16384, 32768], "memory_at": [16384]},
+            "host": {"arch_size": "base", "layers": None, "max_tokens": [512], "seq_len": [128]},
+            "act": {"sizes": ["base", "large"], "layers": None, "max_tokens": [2048], "seq_len": [512]},
+        }),
 }
 
 

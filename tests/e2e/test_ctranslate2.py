@@ -1,7 +1,8 @@
-"""Deploying with CTranslate2: `python -m fairseq_lightseq.export_ctranslate2` on a tiny ls_transformer
-trained through fairseq-train, then CTranslate2's beam search against fairseq-generate's on the same
-test split (tokens in, tokens out), and the command's refusals. Marked `e2e`; skipped, with one reason,
-where the ctranslate2 package is not installed (`make setup` installs it when pip can)."""
+"""Deploying with CTranslate2: `python -m fairseq_lightseq.export_ctranslate2` on a tiny ls_transformer, and
+a tiny ls_bart_base fine-tuned by the translation task, trained through fairseq-train, then CTranslate2's
+beam search against fairseq-generate's on the same test split (tokens in, tokens out), and the command's
+refusals. Marked `e2e`; skipped, with one reason, where the ctranslate2 package is not installed (`make setup`
+installs it when pip can)."""
 import argparse
 import math
 import os
@@ -25,20 +26,31 @@ BEAM = 5
 MAX_LEN = 200  # fairseq-generate's default --max-len-b (with --max-len-a 0)
 
 
-@pytest.fixture(scope="module")
-def exported(tmp_path_factory):
-    """A tiny ls_transformer trained 120 updates at lr 0.01 (target = the source in upper case; about a
-    third of the test sentences right, the others near misses: varied hypotheses), exported by the
-    documented command."""
+def train_and_export(tmp_path_factory, *extra):
+    """A tiny ls_transformer (or what `extra` changes) trained 120 updates at lr 0.01 (target = the source in
+    upper case; about a third of the test sentences right, the others near misses: varied hypotheses),
+    exported by the documented command; returns its folder."""
     d = str(tmp_path_factory.mktemp("ct2"))
     make_data_bin(d, n_train=300, n_valid=20, n_test=40)
     run(["fairseq-train", *train_args("bin", "ckpt", 120), "--lr", "0.01", "--no-epoch-checkpoints",
-         "--disable-validation"], d)
+         "--disable-validation", *extra], d)
     rc, out = inprocess.call([sys.executable, "-m", "fairseq_lightseq.export_ctranslate2",
                               os.path.join(d, "ckpt", "checkpoint_last.pt"), os.path.join(d, "bin"),
                               os.path.join(d, "ct2")], ROOT)
     assert rc == 0 and "wrote" in out, out[-4000:]
     return d
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    return train_and_export(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def exported_bart(tmp_path_factory):
+    """The same with ls_bart_base fine-tuned by fairseq's translation task (BART's learned positions,
+    embedding layer norm, GELU)."""
+    return train_and_export(tmp_path_factory, "--arch", "ls_bart_base", "--dropout", "0")
 
 
 def fairseq_generate(d):
@@ -50,8 +62,9 @@ def fairseq_generate(d):
     return {i: (hyp.split(), positional[i]) for i, (_, hyp) in hyps.items()}
 
 
-def test_ctranslate2_gives_fairseq_generate_hypotheses(exported):
-    d = exported
+@pytest.mark.parametrize("model", ["exported", "exported_bart"])
+def test_ctranslate2_gives_fairseq_generate_hypotheses(request, model):
+    d = request.getfixturevalue(model)
     with open(os.path.join(d, "test.src")) as f:
         sources = [line.split() for line in f]
     ours = fairseq_generate(d)
@@ -120,6 +133,22 @@ def test_refusals_name_the_reason(exported, tmp_path, capsys, case):
         export_ctranslate2.main([ckpt, data_bin, out, *extra])
     err = capsys.readouterr().err
     assert e.value.code == 1 and expected in err, err
+    assert not os.path.exists(out)
+
+
+@pytest.mark.parametrize("task,reason", [("translation_from_pretrained_bart", "language token"),
+                                         ("multilingual_denoising", "no translation model"),
+                                         ("sentence_prediction", "a classifier")])
+def test_bart_of_another_task_than_translation_is_refused(exported, tmp_path, capsys, task, reason):
+    """An ls_mbart_base checkpoint as fairseq records a legacy task (cfg.task a Namespace); the refusal reads
+    the arch and the task only."""
+    ckpt, out = str(tmp_path / "mbart.pt"), str(tmp_path / "out")
+    torch.save({"args": None, "cfg": {"model": argparse.Namespace(_name="ls_mbart_base", arch="ls_mbart_base"),
+                                      "task": argparse.Namespace(_name=task, task=task)}, "model": {}}, ckpt)
+    with pytest.raises(SystemExit) as e:
+        export_ctranslate2.main([ckpt, os.path.join(exported, "bin"), out])
+    err = capsys.readouterr().err
+    assert e.value.code == 1 and f"'ls_mbart_base' was trained with --task {task}" in err and reason in err, err
     assert not os.path.exists(out)
 
 

@@ -85,7 +85,7 @@ def test_fused_adamw_baseline_steps_like_fairseq_adam():
         assert (p - p0).abs().mean() > 5e-4  # the step did move them (lr 1e-3)
 
 
-@pytest.mark.parametrize("family", ["translation", "lm", "roberta"])
+@pytest.mark.parametrize("family", ["translation", "lm", "roberta", "bart"])
 @pytest.mark.parametrize("side", ["ls", "fairseq", "fairseq_fused"])
 def test_every_family_gives_each_side_its_model_criterion_and_optimizer(family, side):
     """bench_support/families.py is the benchmark's one table: each family's sides parse with fairseq's
@@ -115,7 +115,8 @@ def test_every_family_gives_each_side_its_model_criterion_and_optimizer(family, 
         assert getattr(ns, dim.replace("-", "_")) == 32
     if fam.seq_len:
         assert ns.tokens_per_sample == 512
-    assert fam.stacks == {"translation": ("encoder", "decoder"), "lm": ("decoder",), "roberta": ("encoder",)}[family]
+    assert fam.stacks == {"translation": ("encoder", "decoder"), "lm": ("decoder",), "roberta": ("encoder",),
+                          "bart": ("encoder", "decoder")}[family]
 
 
 def test_a_benchmark_record_names_the_commit_and_no_machine_path(tmp_path):

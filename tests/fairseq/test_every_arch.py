@@ -1,5 +1,5 @@
-"""Every registered ls_* architecture (translation, language model, RoBERTa) built as fairseq-train builds
-it: fairseq's own parser (options.parse_args_and_arch with the family's --task), the task's build_model,
+"""Every registered ls_* architecture (translation, language model, RoBERTa, BART/mBART) built as
+fairseq-train builds it: fairseq's own parser (options.parse_args_and_arch with the family's --task), the task's build_model,
 at a tiny width (1 layer, width 16: the arch functions yield to explicit options, so even
 ls_transformer_lm_gpt3_175 is cheap). Each is compared with fairseq's native arch of the same name built
 the same way: the same state_dict, value for value, after the same seed (fairseq's initialisation drawn
@@ -30,6 +30,7 @@ TASK_ARGS = {
     "translation": ["--source-lang", "src", "--target-lang", "tgt", *WIDTH["encoder"], *WIDTH["decoder"]],
     "language_modeling": WIDTH["decoder"],
     "masked_lm": WIDTH["encoder"],
+    "denoising": [*WIDTH["encoder"], *WIDTH["decoder"]],  # BART's pretraining task
 }
 
 
@@ -59,7 +60,7 @@ def build(data_dir, arch, seed=1):
 def logits(model, task):
     """The model's logits at the real positions of a padded batch (pad positions are never read)."""
     with torch.no_grad():
-        if hasattr(model, "encoder") and hasattr(model, "decoder"):  # translation
+        if hasattr(model, "encoder") and hasattr(model, "decoder"):  # translation, BART
             src, lens, prev = batch(task, B=3, S=7, T=6)
             out = model(src, lens, prev)[0]
             real = prev.ne(task.target_dictionary.pad())

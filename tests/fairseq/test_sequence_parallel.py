@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from support.dist import run
-from support.models import TINY, batch, make_task, perturb_
-from support.sp import assert_sharded_equals_one_process
+from support.models import TINY, make_task, perturb_
+from support.sp import assert_sharded_equals_one_process, translation_sample
 
 DROPOUTS = {"dropout": 0.1, "attention_dropout": 0.1, "activation_dropout": 0.1}
 
@@ -41,16 +41,6 @@ def _translation_model(cfg):
     return task, perturb_(LSTransformerModel.build_model(args, task), 0).double()
 
 
-def _translation_sample(task, dp_index, shape):
-    S, T = shape
-    src, lengths, prev = batch(task, B=3, S=S, T=T, seed=10 + dp_index)
-    target = torch.cat([prev[:, 1:], torch.full_like(prev[:, :1], task.target_dictionary.pad())], 1)
-    target[:, -1] = torch.where(prev[:, -1].ne(task.target_dictionary.pad()), task.target_dictionary.eos(),
-                                target[:, -1])
-    return {"net_input": {"src_tokens": src, "src_lengths": lengths, "prev_output_tokens": prev},
-            "target": target, "ntokens": int(target.ne(task.target_dictionary.pad()).sum())}
-
-
 def _translation_criterion(task):
     from fairseq_lightseq.criterions.ls_label_smoothed_cross_entropy import LsLabelSmoothedCrossEntropyCriterion
 
@@ -66,7 +56,7 @@ TRANSLATION = Family(
                                      layernorm_embedding=True),
         "checkpoint_activations": dict(checkpoint_activations=True),
     },
-    shapes=((7, 5), (5, 3)), model=_translation_model, sample=_translation_sample, criterion=_translation_criterion)
+    shapes=((7, 5), (5, 3)), model=_translation_model, sample=translation_sample, criterion=_translation_criterion)
 
 def _lm_model(cfg):
     from fairseq_lightseq.models.ls_transformer_lm import LSTransformerLanguageModel

@@ -270,19 +270,24 @@ def test_every_patch_goes_through_the_wrap_helper():
     assert direct == []
     names = [module.rsplit(".", 1)[1] for module, _ in patches.ORDER]
     assert names == ["requirements", "numpy_compat", "safety", "checkpoint_io", "cli_config", "cpu_ddp", "clean_exit",
-                     "refusal_exit", "batch_seeds"]
+                     "refusal_exit", "batch_seeds", "pretrained_bart_task"]
 
-    def resolve(key):  # "module.name" or "module.Class.name"
-        module, name = key.rsplit(".", 1)
-        try:
-            return getattr(importlib.import_module(module), name)
-        except ModuleNotFoundError:
-            module, cls = module.rsplit(".", 1)
-            return getattr(getattr(importlib.import_module(module), cls), name)
+    def current(key):
+        """What is in place at "module.name" or "module.Class.name" (a class's own attribute)."""
+        parts = key.split(".")
+        for cut in range(len(parts) - 1, 0, -1):
+            try:
+                owner = importlib.import_module(".".join(parts[:cut]))
+            except ImportError:
+                continue
+            for attr in parts[cut:-1]:
+                owner = getattr(owner, attr)
+            return owner.__dict__[parts[-1]] if isinstance(owner, type) else getattr(owner, parts[-1])
+        raise AssertionError(key)
 
-    patched = {key: resolve(key) for key in wrap.PATCHED}
+    patched = {key: current(key) for key in wrap.PATCHED}
     patches.install()  # a second install changes nothing
-    assert {key: resolve(key) for key in wrap.PATCHED} == patched
+    assert {key: current(key) for key in wrap.PATCHED} == patched
     assert {"fairseq.checkpoint_utils.load_checkpoint_to_cpu", "fairseq.checkpoint_utils.torch_persistent_save",
             "fairseq.checkpoint_utils.PathManager", "fairseq.distributed.utils.call_main",
             "fairseq.models.distributed_fairseq_model.DistributedDataParallel", "sys.excepthook",

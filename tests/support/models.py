@@ -65,6 +65,23 @@ def perturb_(model, seed=0, stacks=None):
     return model
 
 
+def pair_with_heads(builders, seed, heads, perturb):
+    """(reference, ours) built by the two `builders` after torch.manual_seed(seed), each with the (name,
+    num_classes) classification heads `heads`; perturb(reference, seed) applied and its weights loaded
+    into ours. Both in train mode."""
+    torch.manual_seed(seed)
+    models = []
+    for build_one in builders:
+        m = build_one()
+        for name, n in heads:
+            m.register_classification_head(name, num_classes=n)
+        models.append(m)
+    ref, ours = models
+    perturb(ref, seed)
+    ours.load_state_dict(ref.state_dict(), strict=True)
+    return ref, ours
+
+
 def pair(task=None, seed=0, **overrides):
     """(fairseq transformer, ls_transformer) with identical random weights, both in train mode."""
     task = task or make_task()

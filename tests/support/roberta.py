@@ -11,7 +11,7 @@ from fairseq.models.roberta import RobertaModel
 from fairseq_lightseq.models.ls_roberta import LSRobertaModel
 
 from .cli import run
-from .models import FakeTask, arch_args, make_dict, perturb_
+from .models import FakeTask, arch_args, make_dict, pair_with_heads, perturb_
 
 TINY_ROBERTA = dict(encoder_embed_dim=16, encoder_ffn_embed_dim=24, encoder_layers=2, encoder_attention_heads=4,
                     dropout=0.0, attention_dropout=0.0, activation_dropout=0.0, max_positions=32)
@@ -41,17 +41,8 @@ def roberta_pair(task=None, arch: str = "roberta", seed=0, heads=(), **overrides
     """(fairseq roberta, ls_roberta) with identical random weights, in train mode; heads: (name,
     num_classes) classification heads registered on both."""
     task = task or make_mlm_task()
-    torch.manual_seed(seed)
-    models = []
-    for cls in (RobertaModel, LSRobertaModel):
-        m = build_roberta(cls, task, arch, **overrides)
-        for name, n in heads:
-            m.register_classification_head(name, num_classes=n)
-        models.append(m)
-    ref, ours = models
-    perturb_roberta_(ref, seed)
-    ours.load_state_dict(ref.state_dict(), strict=True)
-    return ref, ours
+    return pair_with_heads([lambda cls=cls: build_roberta(cls, task, arch, **overrides)
+                            for cls in (RobertaModel, LSRobertaModel)], seed, heads, perturb_roberta_)
 
 
 def mlm_batch(task, B=3, T=9, seed=1, mask_every=3, pad=True):

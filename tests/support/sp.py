@@ -55,3 +55,18 @@ def assert_sharded_equals_one_process(model, attach, criterion, make_sample, P, 
         if scale > 1e-8:  # not the key biases' (zero in exact arithmetic: rounding noise)
             worst = max(worst, (gr - ref_grads[n]).abs().max().item() / scale)
     return worst
+
+
+def translation_sample(task, dp_index, shape):
+    """The translation task's sample of data-parallel group dp_index: B = 3 sentences, shape (S, T) the
+    padded source and target lengths, the target the next tokens (</s> last), support.models.batch's
+    padding."""
+    from support.models import batch
+
+    S, T = shape
+    src, lengths, prev = batch(task, B=3, S=S, T=T, seed=10 + dp_index)
+    target = torch.cat([prev[:, 1:], torch.full_like(prev[:, :1], task.target_dictionary.pad())], 1)
+    target[:, -1] = torch.where(prev[:, -1].ne(task.target_dictionary.pad()), task.target_dictionary.eos(),
+                                target[:, -1])
+    return {"net_input": {"src_tokens": src, "src_lengths": lengths, "prev_output_tokens": prev},
+            "target": target, "ntokens": int(target.ne(task.target_dictionary.pad()).sum())}
