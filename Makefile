@@ -62,7 +62,8 @@ bench: setup
 # shared library that fairseq_lightseq/ops/_backend.py loads before _C when FLS_CUDA_EMULATION=1; a second
 # build of it under AddressSanitizer (every load and store of the kernels checked against torch's buffers).
 CUDA_INCLUDE ?= /usr/local/cuda/include
-EMU_SRCS := $(wildcard csrc/cuda/*.cu) csrc/emulation/scheduler.cpp
+# (tests/emulation/misuse.cu: kernels that misuse CUDA on purpose, for the emulator's own tests)
+EMU_SRCS := $(wildcard csrc/cuda/*.cu) csrc/emulation/scheduler.cpp tests/emulation/misuse.cu
 EMU_HDRS := $(wildcard csrc/cuda/*.cuh csrc/include/fls/*.h csrc/kernels/*.h csrc/emulation/*.h)
 EMU_CXX ?= g++
 EMU_FLAGS := -std=c++20 -O2 -fPIC -DFLS_CUDA_EMULATION -I$(CUDA_INCLUDE) -Icsrc/include -Icsrc/emulation
@@ -72,22 +73,22 @@ EMU_ASAN_LIB := fairseq_lightseq/_cuda_emulated_asan.so
 # it intercepts (torch's errors are C++ exceptions).
 ASAN_RUNTIME = $(shell $(EMU_CXX) -print-file-name=libasan.so) $(shell $(EMU_CXX) -print-file-name=libstdc++.so)
 
-build/emulation/%.cu.o: csrc/%.cu $(EMU_HDRS)
+build/emulation/%.cu.o: %.cu $(EMU_HDRS)
 	@mkdir -p $(dir $@)
 	$(EMU_CXX) $(EMU_FLAGS) -x c++ -include csrc/emulation/cuda_emulation.h -c $< -o $@
-build/emulation/%.cpp.o: csrc/%.cpp $(EMU_HDRS)
+build/emulation/%.cpp.o: %.cpp $(EMU_HDRS)
 	@mkdir -p $(dir $@)
 	$(EMU_CXX) $(EMU_FLAGS) -c $< -o $@
-build/emulation-asan/%.cu.o: csrc/%.cu $(EMU_HDRS)
+build/emulation-asan/%.cu.o: %.cu $(EMU_HDRS)
 	@mkdir -p $(dir $@)
 	$(EMU_CXX) $(EMU_FLAGS) -fsanitize=address -x c++ -include csrc/emulation/cuda_emulation.h -c $< -o $@
-build/emulation-asan/%.cpp.o: csrc/%.cpp $(EMU_HDRS)
+build/emulation-asan/%.cpp.o: %.cpp $(EMU_HDRS)
 	@mkdir -p $(dir $@)
 	$(EMU_CXX) $(EMU_FLAGS) -fsanitize=address -c $< -o $@
 
-$(EMU_LIB): $(patsubst csrc/%,build/emulation/%.o,$(EMU_SRCS))
+$(EMU_LIB): $(patsubst %,build/emulation/%.o,$(EMU_SRCS))
 	$(EMU_CXX) -shared -o $@ $^
-$(EMU_ASAN_LIB): $(patsubst csrc/%,build/emulation-asan/%.o,$(EMU_SRCS))
+$(EMU_ASAN_LIB): $(patsubst %,build/emulation-asan/%.o,$(EMU_SRCS))
 	$(EMU_CXX) -shared -fsanitize=address -o $@ $^
 
 emulated: $(EMU_LIB) $(EMU_ASAN_LIB)

@@ -117,12 +117,13 @@ def build(src_root: str, out: str, mutated: str, jobs: int) -> None:
     for cu in sorted(glob.glob(os.path.join(src_root, "csrc/cuda/*.cu"))):
         name = os.path.basename(cu)
         if name not in rebuild:
-            objs.append(os.path.join(PREBUILT, "cuda", name + ".o"))
+            objs.append(os.path.join(PREBUILT, "csrc/cuda", name + ".o"))
             continue
         obj = os.path.join(os.path.dirname(out), name + ".o")
         cmds.append(["g++", *FLAGS, "-x", "c++", "-include", "csrc/emulation/cuda_emulation.h", "-c", cu, "-o", obj])
         objs.append(obj)
-    objs.append(os.path.join(PREBUILT, "emulation", "scheduler.cpp.o"))
+    objs += [os.path.join(PREBUILT, "csrc/emulation/scheduler.cpp.o"),
+             os.path.join(PREBUILT, "tests/emulation/misuse.cu.o")]
     running = []
     for cmd in cmds:
         running.append(subprocess.Popen(cmd, cwd=src_root, stderr=subprocess.PIPE, text=True))
@@ -166,7 +167,7 @@ def main(argv=None) -> int:
     if not os.path.exists(os.path.join(CUDA_INCLUDE, "cuda_runtime.h")):
         print(f"cuda_mutants: CUDA's headers are not in {CUDA_INCLUDE} (set CUDA_INCLUDE)", file=sys.stderr)
         return 2
-    if not os.path.exists(os.path.join(PREBUILT, "emulation", "scheduler.cpp.o")):
+    if not os.path.exists(os.path.join(PREBUILT, "csrc/emulation/scheduler.cpp.o")):
         print("cuda_mutants: run `make emulated` first (the unmutated objects)", file=sys.stderr)
         return 2
     chosen = [(i + 1, m) for i, m in enumerate(MUTANTS) if not args.only or i + 1 in args.only]

@@ -17,7 +17,9 @@ from fairseq_lightseq.ops import _backend  # noqa: E402
 
 
 def pytest_collection_modifyitems(config, items):
-    skip = pytest.mark.skip(reason="needs a CUDA device and the CUDA build of fairseq_lightseq._C")
+    skip = pytest.mark.skip(reason="needs a CUDA device and the CUDA build of fairseq_lightseq._C: CUDA tensors and "
+                                   "torch's own CUDA ops (cuBLAS, SDPA, flash attention, the caching allocator, NCCL), "
+                                   "which the emulated CUDA device (cuda_emu cases) does not have")
     skip_emulated = pytest.mark.skip(reason="runs on the emulated CUDA device: make test-cuda-emulated")
     for item in items:
         if "cuda" in item.keywords and not HAS_CUDA:

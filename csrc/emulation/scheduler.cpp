@@ -32,6 +32,7 @@
 #include "cuda_emulation.h"
 
 #if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
 #include <sanitizer/common_interface_defs.h>
 #endif
 
@@ -498,6 +499,12 @@ cudaError_t launch(const char* kernel, dim3 grid, dim3 block, size_t dynamic_sme
     run_block(l, shuffled ? &rng : nullptr);
   }
   g_launch = nullptr;
+#if defined(__SANITIZE_ADDRESS__)
+  // A failed launch leaves fibers that never return: their frames' redzones stay poisoned on stacks the next
+  // launch reuses. Clear them.
+  if (l.failed)
+    for (const Thread& t : l.threads) __asan_unpoison_memory_region(t.stack, kStack);
+#endif
   if (l.failed) return set_error(l.failure.code, l.failure.detail);
   return cudaSuccess;
 }
