@@ -53,6 +53,16 @@ def test_large_mean_is_stable():
                  scale=1000)  # naive E[x^2]-E[x]^2 in fp32 is off by O(1) here
 
 
+@pytest.mark.parametrize("device,dtype", DEVICE_DTYPES)
+def test_large_mean_in_low_precision_matches_reference(device, dtype):
+    """Rows whose mean dwarfs their spread (64 + N(0, 1)), long enough for the general kernels (4097 columns):
+    the sums must accumulate in fp32 whatever the storage dtype; sums kept in fp16/bf16 lose the spread."""
+    x = (randn(3, 4097, seed=5) + 64).to(dtype).to(device)
+    w, b = randn(4097, dtype=dtype, device=device, seed=6), randn(4097, dtype=dtype, device=device, seed=7)
+    assert_close(ops.layer_norm(x, w, b, 1e-5), reference.layer_norm(x.double(), w.double(), b.double()).to(dtype),
+                 dtype=dtype, scale=2)
+
+
 def test_zero_rows():
     x = torch.empty(0, 16, requires_grad=True)
     w = torch.ones(16, requires_grad=True)
