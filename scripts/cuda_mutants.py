@@ -208,8 +208,10 @@ def main(argv=None) -> int:
             shutil.rmtree(src)
     print(f"{len(rows) - missed} of {len(rows)} mutants caught")
     if args.json:
+        from scripts.bench_support.provenance import commit
+
         with open(args.json, "w") as f:
-            json.dump(rows, f, indent=1)
+            json.dump({**commit(ROOT), "mutants": rows}, f, indent=1)
     return 1 if missed else 0
 
 
