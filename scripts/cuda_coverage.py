@@ -61,8 +61,8 @@ def counts(gcov_file: str):
         count = count.strip()
         if num.strip() == "0" and text.startswith("Source:"):
             source = text[len("Source:"):].strip()
-        elif count not in ("-", "") and num.strip().isdigit():
-            lines[int(num)] = count not in ("#####", "=====")
+        elif count not in ("-", "") and num.strip().isdigit():  # a template's lines repeat per instance
+            lines[int(num)] = lines.get(int(num), False) or count not in ("#####", "=====")
     return source, lines
 
 
