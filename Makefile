@@ -95,7 +95,8 @@ emulated: $(EMU_LIB) $(EMU_ASAN_LIB)
 
 # Every test marked cuda_emulated, three times: threads in index order, then in a seeded random order, and
 # under AddressSanitizer beside them (the two cores run both; the end-to-end training runs, which reach no
-# kernel path the op tests do not, are left out there). TESTS picks a subset. Skipped, saying so,
+# kernel path the op tests do not, are left out there; --capture=sys lets an ASan report, written by C code to
+# an aborting process's stderr, reach the log). TESTS picks a subset. Skipped, saying so,
 # without CUDA's headers (CUDA_INCLUDE). One torch thread: the emulator runs on one, and idle OpenMP workers
 # spinning beside it slowed the suite tenfold.
 TESTS ?= tests
@@ -108,7 +109,7 @@ test-cuda-emulated: build
 	echo "== emulated CUDA device under AddressSanitizer: in the background, log $(EMU_ASAN_LOG)"; \
 	( LD_PRELOAD="$(ASAN_RUNTIME)" ASAN_OPTIONS=detect_leaks=0 \
 	  FLS_CUDA_EMULATION_LIBRARY=$(CURDIR)/$(EMU_ASAN_LIB) $(EMU_PYTEST) -m "cuda_emulated and not e2e" \
-	  $(TESTS) > $(EMU_ASAN_LOG) 2>&1 ) & asan=$$!; \
+	  --capture=sys $(TESTS) > $(EMU_ASAN_LOG) 2>&1 ) & asan=$$!; \
 	echo "== emulated CUDA device: threads in index order"; $(EMU_PYTEST) -m cuda_emulated $(TESTS) || fail=1; \
 	echo "== emulated CUDA device: seeded random order"; \
 	FLS_EMULATION_SCHEDULE=random FLS_EMULATION_SEED=1 $(EMU_PYTEST) -m cuda_emulated $(TESTS) || fail=1; \

@@ -23,8 +23,10 @@ COLUMNS = ["id", "date", "commit", "machine", "load", "family", "mode", "shape",
 FAMILIES = {"translation": "Translation (`ls_transformer*`)",
             "lm": "Language model (`ls_transformer_lm*`)",
             "roberta": "RoBERTa (`ls_roberta*`)",
-            "bart": "BART / mBART (`ls_bart*`, `ls_mbart*`)"}
-MODES = ["throughput", "packed", "host time", "saved bytes", "op", "decoding", "quality", "sequence parallel"]
+            "bart": "BART / mBART (`ls_bart*`, `ls_mbart*`)",
+            "kernels": "CUDA kernels on the emulated device (`make test-cuda-emulated`)"}
+MODES = ["throughput", "packed", "host time", "saved bytes", "op", "decoding", "quality", "sequence parallel",
+         "emulation"]
 STATUSES = {
     "current": "the latest measurement of this figure, on code that still behaves as measured",
     "changed": "the latest measurement, but the code has changed since in a way that may move it (the note says how)",

@@ -146,16 +146,23 @@ def run_tests(lib: str, tests: List[str], schedule: str) -> tuple:
                                       check=True).stdout.strip() for name in ("libasan.so", "libstdc++.so"))
     env = dict(os.environ, FLS_CUDA_EMULATION="1", FLS_CUDA_EMULATION_LIBRARY=lib, LD_PRELOAD=preload,
                ASAN_OPTIONS="detect_leaks=0", FLS_EMULATION_SCHEDULE=schedule, FLS_EMULATION_SEED="1")
-    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-m", "cuda_emulated",
-                        *tests], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    # -v: each test's id is printed before it runs; --capture=sys: AddressSanitizer's report (C's stderr) reaches
+    # the output rather than pytest's capture file, which the aborting process never reads back.
+    r = subprocess.run([sys.executable, "-m", "pytest", "-v", "-x", "--capture=sys", "-p", "no:cacheprovider", "-m",
+                        "cuda_emulated", *tests], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     if r.returncode == 0:
         return False, ""
     failed = re.findall(r"^FAILED (\S+)", r.stdout, re.M)
     if failed:
         return True, failed[0]
+    asan = re.search(r"ERROR: AddressSanitizer: ([\w-]+)", r.stderr)
+    if asan:
+        running = re.findall(r"^(tests/\S+::\S+)", r.stdout, re.M)
+        return True, f"AddressSanitizer ({asan.group(1)}) in {running[-1] if running else 'a test'}"
     if r.returncode < 0:
         return True, f"the test process died (signal {-r.returncode})"
-    return True, (r.stdout + r.stderr).strip().splitlines()[-1][:200]
+    last = (r.stdout + r.stderr).strip().splitlines()
+    return True, last[-1][:200] if last else f"the test process ended with status {r.returncode}, printing nothing"
 
 
 def main(argv=None) -> int:
@@ -172,7 +179,7 @@ def main(argv=None) -> int:
         return 2
     chosen = [(i + 1, m) for i, m in enumerate(MUTANTS) if not args.only or i + 1 in args.only]
     rows, missed = [], 0
-    print(f"{'#':>2}  {'file':22} {'caught by':60} bug")
+    print(f"{'#':>2}  {'file':22} bug / caught by")
     with tempfile.TemporaryDirectory(prefix="fls-mutants-") as tmp:
         for n, m in chosen:
             t0 = time.time()
@@ -197,12 +204,14 @@ def main(argv=None) -> int:
                 missed += not caught
             row["seconds"] = round(time.time() - t0, 1)
             rows.append(row)
-            print(f"{n:>2}  {m.file:22} {row['caught_by'][:60]:60} {m.bug}", flush=True)
+            print(f"{n:>2}  {m.file:22} {m.bug}\n{'':26}{row['caught_by']}", flush=True)
             shutil.rmtree(src)
     print(f"{len(rows) - missed} of {len(rows)} mutants caught")
     if args.json:
+        from scripts.bench_support.provenance import commit
+
         with open(args.json, "w") as f:
-            json.dump(rows, f, indent=1)
+            json.dump({**commit(ROOT), "mutants": rows}, f, indent=1)
     return 1 if missed else 0
 
 

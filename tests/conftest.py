@@ -17,13 +17,17 @@ from fairseq_lightseq.ops import _backend  # noqa: E402
 
 
 def pytest_collection_modifyitems(config, items):
-    skip = pytest.mark.skip(reason="needs a CUDA device and the CUDA build of fairseq_lightseq._C: CUDA tensors and "
-                                   "torch's own CUDA ops (cuBLAS, SDPA, flash attention, the caching allocator, NCCL), "
-                                   "which the emulated CUDA device (cuda_emu cases) does not have")
+    """Without a GPU, CUDA tests are skipped, saying why they cannot run on the emulated CUDA device either: the
+    default reason, or the test's own (`@pytest.mark.cuda(why="...")`)."""
+    reason = ("needs a CUDA device and the CUDA build of fairseq_lightseq._C (a cuda_emu case of the test, where "
+              "there is one, runs our kernels on the emulated CUDA device, which has no CUDA tensors and none of "
+              "torch's own CUDA ops: cuBLAS, SDPA, flash attention, the caching allocator, NCCL)")
     skip_emulated = pytest.mark.skip(reason="runs on the emulated CUDA device: make test-cuda-emulated")
     for item in items:
         if "cuda" in item.keywords and not HAS_CUDA:
-            item.add_marker(skip)
+            marker = item.get_closest_marker("cuda")
+            why = marker.kwargs.get("why") if marker is not None else None
+            item.add_marker(pytest.mark.skip(reason=f"needs a CUDA device: {why}" if why else reason))
         if "cuda_emulated" in item.keywords and not HAS_EMULATED_CUDA:
             item.add_marker(skip_emulated)
 

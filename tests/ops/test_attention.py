@@ -46,6 +46,8 @@ SOFTMAX_CASES = [
     (2, 2, 3, 64, "right", True),
     (2, 4, 5, 128, "left", False),
     (1, 2, 3, 1024, "allpad", False),
+    (2, 2, 3, 200, "right", False),  # 2 vectors a lane (fp32), 1 (2-byte types)
+    (1, 2, 3, 1000, "left", True),  # 8 vectors a lane (fp32), 4 (2-byte types)
 ]
 
 

@@ -93,3 +93,12 @@ def test_an_earlier_error_is_not_blamed_on_the_op():
         O.layer_norm_fwd(x, w, b, 1e-5)
     y = O.layer_norm_fwd(x, w, b, 1e-5)[0]
     assert_close(y, reference.layer_norm(x, w, b, 1e-5))
+
+
+def test_varlen_offsets_that_go_backwards_fail_a_device_assert():
+    """On CUDA the offsets' values are checked in a kernel (a host check would read them back): decreasing
+    offsets fail a device assert that says what is wrong, as the CPU's host check does."""
+    q = randn(6, 2, 4, seed=12)
+    cu = torch.tensor([0, 5, 3], dtype=torch.int32)
+    with pytest.raises(RuntimeError, match="cu_seqlens must be non-decreasing offsets within"):
+        O.varlen_attention_fwd(q, q, q, cu, cu, 5, 5, False, 0.5, 0.0, 1, 0)

@@ -16,7 +16,7 @@ SHAPES = [(1, 1, 7, 11), (3, 11, 129, 50), (2, 17, 512, 300), (1, 6, 512, 9), (4
 LAYOUTS = ["right", "left", "none", "all_pad_row", "repeated"]
 # (positions, p): sinusoidal table / learned positions / none, with and without dropout.
 # (The kernels do not tell a sinusoidal table from a learned one; only whether pos_weight wants a gradient.)
-MODES = [("sinusoidal", 0.0), ("sinusoidal", 0.1), ("learned", 0.25), ("none", 0.1)]
+MODES = [("sinusoidal", 0.0), ("sinusoidal", 0.1), ("learned", 0.25), ("none", 0.1), ("none", 0.0)]
 
 
 def _tokens(b, t, v, layout, seed=0):

@@ -53,6 +53,31 @@ def test_large_mean_is_stable():
                  scale=1000)  # naive E[x^2]-E[x]^2 in fp32 is off by O(1) here
 
 
+@pytest.mark.parametrize("device,dtype", DEVICE_DTYPES)
+def test_large_mean_in_low_precision_matches_reference(device, dtype):
+    """Rows whose mean dwarfs their spread (64 + N(0, 1)), long enough for the general kernels (4097 columns):
+    the sums must accumulate in fp32 whatever the storage dtype; sums kept in fp16/bf16 lose the spread."""
+    x = (randn(3, 4097, seed=5) + 64).to(dtype).to(device)
+    w, b = randn(4097, dtype=dtype, device=device, seed=6), randn(4097, dtype=dtype, device=device, seed=7)
+    assert_close(ops.layer_norm(x, w, b, 1e-5), reference.layer_norm(x.double(), w.double(), b.double()).to(dtype),
+                 dtype=dtype, scale=2)
+
+
+@pytest.mark.cuda(why="4.2M rows of the general kernels are 1.1e9 CUDA threads, hours on the emulated device")
+def test_backward_over_64_x_65535_rows_on_a_gpu():
+    """The general backward's partial sums loop over their row chunks past grid.y's 65535 (64 rows a chunk)."""
+    rows = 64 * 65535 + 7
+    x = randn(rows, 3, device="cuda", seed=8)  # 3 columns: the general (not vector) kernels
+    w, b = randn(3, device="cuda", seed=9), randn(3, device="cuda", seed=10)
+    xr, wr, br = (t.double().requires_grad_() for t in (x, w, b))
+    x, w, b = (t.requires_grad_() for t in (x, w, b))
+    dy = randn(rows, 3, device="cuda", seed=11)
+    ops.layer_norm(x, w, b, 1e-5).backward(dy)
+    reference.layer_norm(xr, wr, br, 1e-5).backward(dy.double())
+    assert_close(w.grad, wr.grad, dtype=torch.float32, scale=4 * rows ** 0.5)
+    assert_close(b.grad, br.grad, dtype=torch.float32, scale=4 * rows ** 0.5)
+
+
 def test_zero_rows():
     x = torch.empty(0, 16, requires_grad=True)
     w = torch.ones(16, requires_grad=True)
