@@ -8,9 +8,9 @@ import os
 
 import pytest
 
-from support.cli import USER_DIR, corpus_once, train_args
+from support.cli import corpus_once, train_args
 from support.inprocess import train_losses
-from support.roberta import roberta_corpus_once
+from support.roberta import roberta_corpus_once, sentence_prediction_argv
 from support.tensors import cpu_kernels
 
 pytestmark = [pytest.mark.e2e, pytest.mark.cuda_emulated]
@@ -43,10 +43,5 @@ def test_translation_on_the_emulated_device_trains_as_on_the_cpu(tmp_path_factor
 
 def test_roberta_on_the_emulated_device_trains_as_on_the_cpu(tmp_path_factory):
     d = roberta_corpus_once(tmp_path_factory)
-    argv = [os.path.join(d, "ft"), "--task", "sentence_prediction", "--user-dir", USER_DIR, "--arch", "ls_roberta",
-            "--optimizer", "ls_adam", "--criterion", "sentence_prediction", "--num-classes", "2", "--init-token", "0",
-            "--separator-token", "2", "--max-positions", "64", "--encoder-layers", "1", "--encoder-embed-dim", "32",
-            "--encoder-ffn-embed-dim", "64", "--encoder-attention-heads", "2", "--batch-size", "8", "--lr", "0.002",
-            "--seed", "1", "--cpu", "--num-workers", "0", "--max-update", str(UPDATES), "--log-format", "json",
-            "--log-interval", "1", *QUIET, *DROPOUT]
+    argv = sentence_prediction_argv(d, UPDATES, *QUIET, *DROPOUT)
     assert_emulated_equals_cpu(tmp_path_factory, "roberta", lambda save: [*argv, "--save-dir", save])

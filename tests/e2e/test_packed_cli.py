@@ -13,9 +13,9 @@ import os
 
 import pytest
 
-from support.cli import USER_DIR, corpus_once, eval_lm, generate, lm_train_args, make_lm_data_bin, train_args
+from support.cli import corpus_once, eval_lm, generate, lm_train_args, make_lm_data_bin, train_args
 from support.inprocess import train_losses
-from support.roberta import roberta_corpus_once
+from support.roberta import roberta_corpus_once, sentence_prediction_argv
 
 pytestmark = pytest.mark.e2e
 
@@ -89,10 +89,5 @@ def test_language_model_packed_trains_as_padded(tmp_path_factory):
 
 def test_sentence_prediction_packed_trains_as_padded(tmp_path_factory):
     d = roberta_corpus_once(tmp_path_factory)
-    argv = [os.path.join(d, "ft"), "--task", "sentence_prediction", "--user-dir", USER_DIR, "--arch", "ls_roberta",
-            "--optimizer", "ls_adam", "--criterion", "sentence_prediction", "--num-classes", "2", "--init-token", "0",
-            "--separator-token", "2", "--max-positions", "64", "--encoder-layers", "1", "--encoder-embed-dim", "32",
-            "--encoder-ffn-embed-dim", "64", "--encoder-attention-heads", "2", "--batch-size", "8", "--lr", "0.002",
-            "--seed", "1", "--cpu", "--num-workers", "0", "--max-update", str(UPDATES), "--log-format", "json",
-            "--log-interval", "1", *QUIET, *DROPOUT]
+    argv = sentence_prediction_argv(d, UPDATES, *QUIET, *DROPOUT)
     assert_same_losses(both(tmp_path_factory, "sp", lambda save: [*argv, "--save-dir", save]))

@@ -122,3 +122,16 @@ def roberta_corpus_once(tmp_path_factory) -> str:
     if "d" not in _CORPUS:
         _CORPUS["d"] = make_roberta_corpus(str(tmp_path_factory.mktemp("roberta")))
     return _CORPUS["d"]
+
+
+def sentence_prediction_argv(corpus: str, updates: int, *extra: str) -> list:
+    """fairseq-train's arguments for a tiny ls_roberta sentence_prediction fine-tune (fairseq's own criterion) on
+    roberta_corpus_once's corpus, `updates` updates, every update's loss logged; `extra` appended (no --save-dir)."""
+    from .cli import USER_DIR
+
+    return [os.path.join(corpus, "ft"), "--task", "sentence_prediction", "--user-dir", USER_DIR, "--arch",
+            "ls_roberta", "--optimizer", "ls_adam", "--criterion", "sentence_prediction", "--num-classes", "2",
+            "--init-token", "0", "--separator-token", "2", "--max-positions", "64", "--encoder-layers", "1",
+            "--encoder-embed-dim", "32", "--encoder-ffn-embed-dim", "64", "--encoder-attention-heads", "2",
+            "--batch-size", "8", "--lr", "0.002", "--seed", "1", "--cpu", "--num-workers", "0", "--max-update",
+            str(updates), "--log-format", "json", "--log-interval", "1", *extra]
