@@ -13,7 +13,10 @@ fairseq_lightseq`), applied by `install()` in this order:
 8. `refusal_exit`: the plugin's refusals (errors.Refusal) end a command with their message alone, exit 1;
 9. `batch_seeds`: an ls_* model's dropout masks do not depend on how an update's batches are split over
    ranks and --update-freq steps;
-10. `pretrained_bart_task`: `--task translation_from_pretrained_bart` runs (and checks --langs).
+10. `pretrained_bart_task`: `--task translation_from_pretrained_bart` runs (and checks --langs);
+11. `resume_batches`: a run resumed in epoch 2 or later trains on the batches of the run it continues;
+12. `denoising_noise`: BART's denoising noise drawn from each example's seed, so that a resumed run noises
+    its batches as the uninterrupted run does.
 
 Each module says the defect it fixes and has an idempotent `install()`; every attribute they replace
 goes through `wrap.wrap` / `wrap.replace` (which record it in `wrap.PATCHED`). The modules are imported
@@ -36,6 +39,8 @@ ORDER = (
     ("fairseq_lightseq.patches.refusal_exit", "install"),
     ("fairseq_lightseq.patches.batch_seeds", "install"),
     ("fairseq_lightseq.patches.pretrained_bart_task", "install"),
+    ("fairseq_lightseq.patches.resume_batches", "install"),
+    ("fairseq_lightseq.patches.denoising_noise", "install"),
 )
 
 

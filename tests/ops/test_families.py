@@ -271,7 +271,8 @@ def test_every_patch_goes_through_the_wrap_helper():
     assert direct == []
     names = [module.rsplit(".", 1)[1] for module, _ in patches.ORDER]
     assert names == ["requirements", "numpy_compat", "safety", "checkpoint_io", "cli_config", "cpu_ddp", "clean_exit",
-                     "refusal_exit", "batch_seeds", "pretrained_bart_task"]
+                     "refusal_exit", "batch_seeds", "pretrained_bart_task", "resume_batches",
+                     "denoising_noise"]
 
     def current(key):
         """What is in place at "module.name" or "module.Class.name" (a class's own attribute)."""
@@ -292,7 +293,8 @@ def test_every_patch_goes_through_the_wrap_helper():
     assert {"fairseq.checkpoint_utils.load_checkpoint_to_cpu", "fairseq.checkpoint_utils.torch_persistent_save",
             "fairseq.checkpoint_utils.PathManager", "fairseq.distributed.utils.call_main",
             "fairseq.models.distributed_fairseq_model.DistributedDataParallel", "sys.excepthook",
-            "fairseq.trainer.Trainer.train_step"} <= set(wrap.PATCHED)
+            "fairseq.trainer.Trainer.train_step", "fairseq.tasks.fairseq_task.FairseqTask.get_batch_iterator"} <= set(
+                wrap.PATCHED)
 
 
 def test_the_version_is_written_once():
