@@ -241,6 +241,13 @@ def checkpoint_params(d):
     return {k: v.double() for k, v in state.items() if v.is_floating_point() and not k.endswith(("version", "_float_tensor"))}
 
 
+def differing_parameters(a, b):
+    """The names of the parameters that are not bit for bit equal in a/checkpoint_last.pt and b/checkpoint_last.pt."""
+    x, y = checkpoint_params(a), checkpoint_params(b)
+    assert x.keys() == y.keys()
+    return [k for k in x if not x[k].equal(y[k])]
+
+
 def _toy_sentence(rng):
     words = "cat dog sat ran on under mat log big small red old".split()
     return " ".join([rng.choice(["the", "a"])] + rng.choices(words, k=rng.randint(2, 11)))
