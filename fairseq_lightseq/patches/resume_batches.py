@@ -18,7 +18,9 @@ at epoch 1, `numpy_seed(seed + 1)`), then it and the dataset are set to epoch e,
 Everything else is fairseq's as it is, and needs no fix, since the uninterrupted run and the resumed one
 make their iterator for the same epoch: an iterator made in epoch 1, one fairseq makes anew every epoch
 (sharded data, --update-epoch-batch-itr, datasets whose sizes change), and batches rebuilt every epoch
-(`rebuild_batches`, for epoch e with seed + e).
+(`rebuild_batches`, for epoch e with seed + e). Not covered: with --update-ordered-indices-seed the trainer
+passes --seed + e as the seed itself (the order's and the iterator's shuffling's), which this wrapper cannot
+tell from --seed.
 """
 import inspect
 
