@@ -8,6 +8,7 @@ hands out the batches round-robin), so the logged losses must match up to float 
 dropout, and with every dropout on (each batch draws the seed of its place in the update whatever the split,
 patches/batch_seeds.py). Marked `e2e`."""
 import os
+import shutil
 import sys
 
 import pytest
@@ -60,9 +61,9 @@ def ranks_by_hand(data_bin, d, ddp_backend, cpu=True, extra=()):
 @pytest.fixture(scope="module")
 def legacy_ddp(data_bin, tmp_path_factory):
     """(rank 0's log, save dir) of 2 legacy_ddp ranks to UPDATES updates: the run that matches --update-freq 2
-    and the uninterrupted run a resumed one must end as."""
+    and the uninterrupted run a resumed one must end as (it keeps its checkpoint of update 3)."""
     d = tmp_path_factory.mktemp("legacy_ddp")
-    return ranks_by_hand(data_bin, d, "legacy_ddp"), d
+    return ranks_by_hand(data_bin, d, "legacy_ddp", extra=["--save-interval-updates", "3"]), d
 
 
 @pytest.mark.parametrize("ddp_backend", ["legacy_ddp", "no_c10d", "pytorch_ddp"])
@@ -98,12 +99,13 @@ def test_torchrun_two_cpu_processes(data_bin, tmp_path, one_process):
 
 
 def test_two_ranks_resume(data_bin, tmp_path, legacy_ddp):
-    """Resuming a 2-rank run in the middle of epoch 2 (2 updates an epoch): rank 0 loads the checkpoint and
-    broadcasts it, the other rank unpickles it with torch's safe loader (fairseq's _TensorPlaceholder must be
-    allowed); the resumed run ends with the uninterrupted 2-rank run's parameters, bit for bit (both ranks
-    train on the batches the uninterrupted ranks train on: patches/resume_batches.py)."""
+    """Resuming a 2-rank run from the uninterrupted run's checkpoint in the middle of epoch 2 (update 3, 2
+    updates an epoch), as a run stopped there leaves it: rank 0 loads the checkpoint and broadcasts it, the
+    other rank unpickles it with torch's safe loader (fairseq's _TensorPlaceholder must be allowed); the
+    resumed run ends with the uninterrupted run's parameters, bit for bit (both ranks train on the batches the
+    uninterrupted ranks train on: patches/resume_batches.py)."""
     _, whole = legacy_ddp
-    by_hand(train_args(data_bin, tmp_path, 3), 2, tmp_path)
+    shutil.copy(whole / "checkpoint_2_3.pt", tmp_path / "checkpoint_last.pt")
     (_, log0), _ = by_hand(train_args(data_bin, tmp_path, UPDATES), 2, tmp_path)
     assert "(epoch 2 @ 3 updates)" in log0, log0[-3000:]
     assert differing_parameters(whole, tmp_path) == []
