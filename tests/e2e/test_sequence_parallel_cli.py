@@ -170,14 +170,25 @@ def test_lm_sp2_resumes_with_the_one_process_losses_and_eval_lm(lm_data_bin, tmp
     assert abs(ours - reference) <= 2e-3, out[-3000:]
 
 
-@pytest.mark.parametrize("name,extra,message", [
-    ("translation", ["--sequence-parallel-size", "2"], "--sequence-parallel-size 2 must divide the number of processes"),
-    ("translation", ["--sequence-parallel-size", "4"], "needs --encoder-attention-heads (2) divisible"),
-    ("translation", ["--sequence-parallel-size", "2", "--criterion", "label_smoothed_cross_entropy"],
+ONE_HEAD = ["--encoder-attention-heads", "1", "--decoder-attention-heads", "1"]
+
+
+@pytest.mark.parametrize("name,world,extra,message", [
+    ("translation", 1, ["--sequence-parallel-size", "2"],
+     "--sequence-parallel-size 2 must divide the number of processes (--distributed-world-size 1)"),
+    # 2 heads, not divisible by 3: the size is refused for the world first (allgather would not run either)
+    ("translation", 2, ["--sequence-parallel-size", "3"],
+     "--sequence-parallel-size 3 must divide the number of processes (--distributed-world-size 2)"),
+    ("translation", 2, ["--sequence-parallel-size", "2", *ONE_HEAD], "needs --encoder-attention-heads (1) divisible"),
+    ("translation", 2, ["--sequence-parallel-size", "2", "--criterion", "label_smoothed_cross_entropy"],
      "does not support --criterion"),
-    ("lm", ["--sequence-parallel-size", "4"], "needs --decoder-attention-heads (2) divisible"),
-], ids=["world", "heads", "criterion", "lm_heads"])
-def test_refused_at_build(data_bin, lm_data_bin, tmp_path, name, extra, message):
+    ("lm", 2, ["--sequence-parallel-size", "2", "--decoder-attention-heads", "1"],
+     "needs --decoder-attention-heads (1) divisible"),
+], ids=["world", "world_first", "heads", "criterion", "lm_heads"])
+def test_refused_at_build(data_bin, lm_data_bin, tmp_path, name, world, extra, message):
+    """The run's processes (one, or 2 ranks started by hand over gloo) each refuse when they build the model."""
     args = _args(data_bin, tmp_path, 1, *extra) if name == "translation" else _lm_args(lm_data_bin, tmp_path, 1, *extra)
-    rc, log = run(["fairseq-train", *args], cwd=str(tmp_path), check=False)
-    assert rc != 0 and message in log, log[-3000:]
+    results = [run(["fairseq-train", *args], cwd=str(tmp_path), check=False)] if world == 1 else \
+        by_hand(args, world, tmp_path, check=False)
+    for rc, log in results:
+        assert rc != 0 and message in log, log[-3000:]
