@@ -1,5 +1,5 @@
 """The plugin's refusals: the errors it raises when it refuses a configuration (an option, or a combination of
-options, checked when the model, criterion or optimizer is built) or a file (an unreadable checkpoint).
+options, checked when the task, model, criterion or optimizer is built) or a file (an unreadable checkpoint).
 
 Each message names the option or the file and says what to do, in one line, so that is all a user needs to
 read: fairseq's commands end on a refusal with that line on stderr and exit status 1, without a traceback

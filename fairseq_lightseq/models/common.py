@@ -40,12 +40,27 @@ PACKED_DEFAULTS["ls_bart"] = PACKED_DEFAULTS["ls_transformer"]
 DROPOUT_OPTIONS = ("dropout", "attention_dropout", "activation_dropout", "relu_dropout")
 
 
+def arch_names(args, model: str, native: str):
+    """(the ls arch `args` asks for, fairseq's arch of the same name without ls_: e.g. ls_mbart_large,
+    mbart_large), the names a refusal gives. Without an ls arch of fairseq's registry in `args` (a model built
+    in code, not by fairseq-train): (`model`, our registered model, and `native`, fairseq's arch for it)."""
+    from fairseq.models import ARCH_MODEL_REGISTRY
+
+    arch = getattr(args, "arch", None)
+    if isinstance(arch, str) and arch.startswith("ls_") and arch[3:] in ARCH_MODEL_REGISTRY:
+        return arch, arch[3:]
+    return model, native
+
+
 def check_supported(args, model: str, native: str) -> None:
     """Raise ConfigurationError naming the first fairseq option `model` does not implement, or whose value is
-    out of range; the message points at fairseq's own `native` arch. args: an argparse Namespace or a
-    model config (DictConfig) of either family."""
+    out of range; the message names the ls arch asked for and points at fairseq's arch of the same name
+    (arch_names; `native`, a registered fairseq arch, where `args` names none). args: an argparse Namespace or
+    a model config (DictConfig) of either family."""
     def get(name, default=None):
         return getattr(args, name, default)
+
+    asked, native = arch_names(args, model, native)
 
     for name in DROPOUT_OPTIONS:
         p = get(name)
@@ -72,8 +87,8 @@ def check_supported(args, model: str, native: str) -> None:
     ]
     for option, bad in unsupported:
         if bad:
-            raise ConfigurationError(f"{model} does not support {option}; use --arch {native} for it")
-    ops_activation(str(get("activation_fn", "relu")), model)
+            raise ConfigurationError(f"{asked} does not support {option}; use --arch {native} for it")
+    ops_activation(str(get("activation_fn", "relu")), asked)
     packed_option(args, model)
 
 

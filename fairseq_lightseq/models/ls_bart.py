@@ -43,9 +43,10 @@ NAME = "ls_bart"
 
 
 def check(args) -> None:
-    """Raise ValueError naming the first option of `args` ls_bart does not implement (check_supported's
-    refusals, pointing at fairseq's bart)."""
-    check_supported(args, NAME, "bart")
+    """Raise ConfigurationError naming the first option of `args` ls_bart does not implement (check_supported's
+    refusals, pointing at fairseq's arch of the ls arch asked for: ls_mbart_large -> mbart_large; bart_large
+    for a model built in code without an arch)."""
+    check_supported(args, NAME, "bart_large")
 
 
 def check_encoder_decoder_state(state_dict) -> None:

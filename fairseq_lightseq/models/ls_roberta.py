@@ -49,11 +49,12 @@ def check(args) -> None:
     refusals (check_supported) and fairseq's structured pruning, which calls methods of fairseq's
     attention and FFN modules (_prune_attention_heads, _prune_fc_layer) that our layers do not have."""
     check_supported(args, NAME, "roberta")
+    asked, native = common.arch_names(args, NAME, "roberta")
     for option, off in (("mha_heads_to_keep", -1), ("ffn_blocks_to_remove", -1)):
         value = safe_getattr(args, option, off)
         if value != off:
-            raise ConfigurationError(f"{NAME} does not support --{option.replace('_', '-')} {value}; "
-                                     "use --arch roberta for it")
+            raise ConfigurationError(f"{asked} does not support --{option.replace('_', '-')} {value}; "
+                                     f"use --arch {native} for it")
 
 
 def init_bert_params(module: nn.Module) -> None:

@@ -46,6 +46,11 @@ def check(args, sides=("encoder", "decoder"), criteria=CRITERIA) -> None:
         raise ConfigurationError(f"--sequence-parallel-mode must be one of {', '.join(MODES)}, got {mode!r}")
     if P == 1:
         return
+    # first the size itself: no other option makes a size that does not divide the world run
+    world = _world_size(args)
+    if world % P:
+        raise ConfigurationError(f"--sequence-parallel-size {P} must divide the number of processes "
+                                 f"(--distributed-world-size {world})")
     if mode == "ulysses":
         for side in sides:
             heads = int(getattr(args, f"{side}_attention_heads"))
@@ -70,10 +75,6 @@ def check(args, sides=("encoder", "decoder"), criteria=CRITERIA) -> None:
         if bad:
             extra = f" (it needs --criterion {' or '.join(criteria)})" if option.startswith("--criterion") else ""
             raise ConfigurationError(f"--sequence-parallel-size {P} does not support {option}{extra}")
-    world = _world_size(args)
-    if world % P:
-        raise ConfigurationError(f"--sequence-parallel-size {P} must divide the number of processes "
-                                 f"(--distributed-world-size {world})")
 
 
 def _world_size(args) -> int:

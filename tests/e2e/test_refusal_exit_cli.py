@@ -2,7 +2,8 @@
 unreadable checkpoint) ends with the refusal's one line on stderr, `PROG: error: MESSAGE`, exit status 1
 and no traceback (patches/refusal_exit.py): fairseq-train as its own process, one process and two ranks
 started by hand over gloo; fairseq-generate; a rank that torch.multiprocessing.spawn started, as fairseq does
-on GPUs (on a CPU fairseq starts no ranks itself). Marked `e2e`."""
+on GPUs (on a CPU fairseq starts no ranks itself); mBART fine-tuning's --langs refused when the task is set up.
+Marked `e2e`."""
 import os
 import subprocess
 import sys
@@ -60,6 +61,19 @@ def test_each_rank_started_by_hand_ends_with_the_message(tmp_path_factory):
                            "--distributed-init-method", f"tcp://127.0.0.1:{free_port()}")
     for r, (rc, err) in enumerate(processes([[*common, "--distributed-rank", str(r)] for r in range(2)], d)):
         assert_refused(rc, err, "fairseq-train", PACKED_SP, prefix=f"[rank{r}]: ")
+
+
+def test_langs_without_the_inferred_pair_end_train_and_generate_with_the_message(tmp_path_factory):
+    """translation_from_pretrained_bart without -s/-t: fairseq takes the pair (src, tgt) from the data-bin's
+    file names, which --langs must list; fairseq-train and fairseq-generate refuse it as they set up the task."""
+    d = corpus_once(tmp_path_factory)
+    task = ["--task", "translation_from_pretrained_bart", "--langs", "en,de", "--arch", "ls_mbart_base"]
+    message = ("--task translation_from_pretrained_bart: the source language src (taken from the data-bin's file "
+               "names: no -s/--source-lang given) is not in --langs en,de")
+    generate = [os.path.join(BIN, "fairseq-generate"), "bin", "--user-dir", USER_DIR, "--cpu", *task,
+                "--path", "absent.pt"]
+    for prog, (rc, err) in zip(("fairseq-train", "fairseq-generate"), processes([fairseq_train(*task), generate], d)):
+        assert_refused(rc, err, prog, message)
 
 
 @pytest.fixture

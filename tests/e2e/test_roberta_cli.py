@@ -196,9 +196,10 @@ def test_sequence_parallel_sgd_update_equals_one_process(corpus):
 
 
 def test_sentence_prediction_refused_under_sequence_parallelism(corpus):
+    """Two ranks started by hand (one process would be refused for the world size first): each refuses."""
     d = corpus
-    rc, log = run(["fairseq-train", "ft", "--task", "sentence_prediction", *LS, "--criterion", "sentence_prediction",
-                   "--num-classes", "2", *COMMON, "--init-token", "0", "--max-positions", "64", "--max-update", "1",
-                   "--sequence-parallel-size", "2", "--save-dir", "refused"], d,
-                  check=False)
-    assert rc != 0 and "does not support --criterion sentence_prediction" in log, log[-3000:]
+    ranks = by_hand(["ft", "--task", "sentence_prediction", *LS, "--criterion", "sentence_prediction",
+                     "--num-classes", "2", *COMMON, "--init-token", "0", "--max-positions", "64", "--max-update", "1",
+                     "--sequence-parallel-size", "2", "--save-dir", "refused"], 2, d, check=False)
+    for rc, log in ranks:
+        assert rc != 0 and "does not support --criterion sentence_prediction" in log, log[-3000:]

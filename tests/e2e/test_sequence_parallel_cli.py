@@ -170,14 +170,20 @@ def test_lm_sp2_resumes_with_the_one_process_losses_and_eval_lm(lm_data_bin, tmp
     assert abs(ours - reference) <= 2e-3, out[-3000:]
 
 
-@pytest.mark.parametrize("name,extra,message", [
-    ("translation", ["--sequence-parallel-size", "2"], "--sequence-parallel-size 2 must divide the number of processes"),
-    ("translation", ["--sequence-parallel-size", "4"], "needs --encoder-attention-heads (2) divisible"),
-    ("translation", ["--sequence-parallel-size", "2", "--criterion", "label_smoothed_cross_entropy"],
+@pytest.mark.parametrize("world,extra,message", [
+    (1, ["--sequence-parallel-size", "2"],
+     "--sequence-parallel-size 2 must divide the number of processes (--distributed-world-size 1)"),
+    # 2 heads, not divisible by 3: the size is refused for the world first (allgather would not run either)
+    (1, ["--sequence-parallel-size", "3"],
+     "--sequence-parallel-size 3 must divide the number of processes (--distributed-world-size 1)"),
+    (2, ["--sequence-parallel-size", "2", "--criterion", "label_smoothed_cross_entropy"],
      "does not support --criterion"),
-    ("lm", ["--sequence-parallel-size", "4"], "needs --decoder-attention-heads (2) divisible"),
-], ids=["world", "heads", "criterion", "lm_heads"])
-def test_refused_at_build(data_bin, lm_data_bin, tmp_path, name, extra, message):
-    args = _args(data_bin, tmp_path, 1, *extra) if name == "translation" else _lm_args(lm_data_bin, tmp_path, 1, *extra)
-    rc, log = run(["fairseq-train", *args], cwd=str(tmp_path), check=False)
-    assert rc != 0 and message in log, log[-3000:]
+], ids=["world", "world_first", "criterion"])
+def test_refused_at_build(data_bin, tmp_path, world, extra, message):
+    """The run's processes (one, or 2 ranks started by hand over gloo) each refuse when they build the model.
+    (Every refusal's message, the heads of either stack included: tests/fairseq/test_sequence_parallel_options.py.)"""
+    args = _args(data_bin, tmp_path, 1, *extra)
+    results = [run(["fairseq-train", *args], cwd=str(tmp_path), check=False)] if world == 1 else \
+        by_hand(args, world, tmp_path, check=False)
+    for rc, log in results:
+        assert rc != 0 and message in log, log[-3000:]

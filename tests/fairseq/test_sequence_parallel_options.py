@@ -48,6 +48,17 @@ def test_refused(overrides, message):
     assert message in str(e.value)
 
 
+@pytest.mark.parametrize("mode", ["ulysses", "allgather"])
+def test_a_size_that_does_not_divide_the_world_is_refused_first(mode):
+    """P = 3 on 2 processes, with 4 heads (not divisible by 3) and a criterion SP refuses: the world size is
+    what the user must change, whatever the mode (allgather, which takes any head count, would not run)."""
+    with pytest.raises(ValueError) as e:
+        options.check(_args(sequence_parallel_size=3, distributed_world_size=2, sequence_parallel_mode=mode,
+                            criterion="label_smoothed_cross_entropy"))
+    assert str(e.value) == ("--sequence-parallel-size 3 must divide the number of processes "
+                            "(--distributed-world-size 2)")
+
+
 def _lm(**overrides):
     from fairseq_lightseq.models.ls_transformer_lm import LSTransformerLanguageModel
     from support.lm import build_lm

@@ -11,7 +11,9 @@ Over `git ls-files` (files git tracks; skipped outside a git checkout):
   are named after what they hold, not their history;
 - every relative link in a tracked .md file reaches a tracked file or folder, and its #anchor a heading
   or an explicit `<a id>` of the target;
-- benchmarks/results.csv is well formed and benchmarks/README.md is exactly benchmarks/render.py's output.
+- benchmarks/results.csv is well formed and benchmarks/README.md is exactly benchmarks/render.py's output;
+- no command decodes sentencepiece twice (fairseq-generate's --remove-bpe/--post-process sentencepiece with a
+  --bpe: the words lose their spaces, and the BLEU printed is of glued text).
 """
 import importlib.util
 import json
@@ -207,3 +209,31 @@ def test_the_csv_check_rejects_a_bad_row():
     live = dict(good, id="r1004")
     if good["status"] in render.LIVE:
         assert any("two live rows" in e for e in render.validate(header, [*rows, live]))
+
+
+# fairseq-generate's --remove-bpe (--post-process) sentencepiece joins the pieces into words; a --bpe decoder
+# then runs on those words too (sentencepiece's deletes every space), on hypotheses and references alike.
+REMOVE_SPM = re.compile(r"--(?:remove-bpe|post-process)(?:=|[\s\"',]+)sentencepiece")
+BPE_OPTION = re.compile(r"(?<![\w-])--bpe\b")
+GENERATE = re.compile(r"fairseq[-_](?:cli\.)?(?:generate|interactive)")
+
+
+def _commands(path, text):
+    """The units a command lives in: a Python file as a whole (its commands are lists over several lines),
+    elsewhere each line with its backslash continuations joined (a command: one that runs fairseq-generate or
+    fairseq-interactive)."""
+    return [text] if path.endswith(".py") else text.replace("\\\n", " ").splitlines()
+
+
+def _decodes_twice(path, text):
+    return [c.strip()[:100] for c in _commands(path, text)
+            if GENERATE.search(c) and REMOVE_SPM.search(c) and BPE_OPTION.search(c)]
+
+
+def test_no_command_decodes_sentencepiece_twice():
+    this_file = Path(__file__).resolve().relative_to(ROOT).as_posix()  # spells the pattern out
+    found = [f"{p}: {c}" for p, text in text_files() if p != this_file for c in _decodes_twice(p, text)]
+    assert not found, "\n".join(found)
+    assert _decodes_twice("a.md", "fairseq-generate B --bpe sentencepiece \\\n  --remove-bpe sentencepiece")
+    assert _decodes_twice("a.py", '["fairseq_cli.generate", "--post-process", "sentencepiece",\n "--bpe", "x"]')
+    assert not _decodes_twice("a.sh", "fairseq-generate B --remove-bpe sentencepiece --eval-bleu-remove-bpe x")
