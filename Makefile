@@ -22,7 +22,8 @@ test: setup cuda-check
 	$(MAKE) --no-print-directory test-cuda-emulated
 
 # Pinned stack. torch first and exactly pinned (an unpinned one pulls a multi-GB CUDA build); fairseq
-# after it without build isolation for the same reason. ctranslate2 (for the CTranslate2 export test;
+# after it without build isolation for the same reason. fairscale (pure Python; needs only torch and numpy)
+# for fairseq's --zero-sharding os and --ddp-backend fully_sharded. ctranslate2 (for the CTranslate2 export test;
 # needs only numpy and pyyaml, so it leaves torch and numpy as they are) is optional: a platform without
 # its wheel still sets up.
 $(VENV)/.deps-installed:
@@ -31,6 +32,7 @@ $(VENV)/.deps-installed:
 	$(PIP) install -q torch==2.13.0
 	$(PIP) install -q numpy cython setuptools wheel pybind11 ninja pytest sacrebleu sentencepiece
 	$(PIP) install -q --no-build-isolation fairseq-fixed==0.12.3.1
+	$(PIP) install -q fairscale==0.4.13
 	$(PIP) install -q ctranslate2 || echo "NOTE: ctranslate2 not installed; tests/e2e/test_ctranslate2.py will be skipped"
 	touch $@
 

@@ -22,10 +22,8 @@ class FusedAdam(torch.optim.Optimizer):
     grads fp32/fp16/bf16. State per param: `step` (int), `exp_avg`, `exp_avg_sq` (fp32).
     """
 
-    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, amsgrad=False,
-                 step_with_scale=True):
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, amsgrad=False):
         reject_amsgrad(amsgrad)
-        self.supports_step_with_scale = step_with_scale
         if not 0.0 <= lr:
             raise ConfigurationError(f"ls_adam: lr must be >= 0, got {lr}")
         if not (0.0 <= betas[0] < 1.0 and 0.0 <= betas[1] < 1.0):
@@ -39,8 +37,9 @@ class FusedAdam(torch.optim.Optimizer):
     # Capabilities fairseq's wrappers query (FP16Optimizer / MemoryEfficientFP16Optimizer).
     supports_memory_efficient_fp16 = True
     supports_flat_params = True
-    # supports_step_with_scale (set per instance): step(scale=s) divides the grads by s inside the
-    # kernel, so FP16Optimizer skips its separate unscaling pass over all gradients.
+    # step(scale=s) divides the grads by s inside the kernel, so FP16Optimizer can skip its separate
+    # unscaling pass over all gradients (whether fairseq uses it is ls_adam's choice: LSAdam).
+    supports_step_with_scale = True
 
     def load_state_dict(self, state_dict):
         super().load_state_dict(state_dict)

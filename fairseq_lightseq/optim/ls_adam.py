@@ -44,13 +44,31 @@ class LSAdam(FairseqOptimizer):
         reject_amsgrad(getattr(cfg, "amsgrad", False))
         if getattr(cfg, "fp16_adam_stats", False):
             raise ConfigurationError("ls_adam keeps Adam statistics in fp32; --fp16-adam-stats is not supported")
+        # fairseq's FP16Optimizer without a loss scaler (--bf16) never resets its multiply factor after a
+        # step-with-scale, so the clip factor would compound over steps: under --bf16 let it unscale the
+        # grads itself (`_told`).
+        self._step_with_scale = not getattr(cfg, "bf16", False)
         # Tensors on a device without a compiled kernel (e.g. XLA) are updated by the reference op
-        # (with a one-time warning). fairseq's FP16Optimizer without a loss scaler (--bf16) never
-        # resets its multiply factor after a step-with-scale, so the clip factor would compound over
-        # steps: under --bf16 let it unscale the grads itself.
-        self._optimizer = FusedAdam(params, **self.optimizer_config,
-                                    step_with_scale=not getattr(cfg, "bf16", False))
+        # (with a one-time warning).
+        self._optimizer = self._told(FusedAdam(params, **self.optimizer_config))
         self._pending_factor = 1.0  # fairseq's multiply_grads factor, not yet applied (see below)
+
+    def _told(self, optimizer):
+        """`optimizer` (a torch optimizer) told this run's supports_step_with_scale, which fairseq's fp16/bf16
+        wrappers read from it."""
+        optimizer.supports_step_with_scale = self._step_with_scale
+        return optimizer
+
+    @property
+    def optimizer(self):
+        """The torch optimizer: FusedAdam, or fairscale's OSS holding one (--zero-sharding os)."""
+        return FairseqOptimizer.optimizer.fget(self)
+
+    @optimizer.setter
+    def optimizer(self, optimizer):
+        """fairseq's --zero-sharding os puts fairscale's OSS here, which would answer for the FusedAdam it
+        builds from optimizer_config alone (supports_step_with_scale True, also under --bf16)."""
+        FairseqOptimizer.optimizer.fset(self, self._told(optimizer))
 
     @property
     def optimizer_config(self):

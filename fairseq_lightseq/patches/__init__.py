@@ -7,7 +7,8 @@ fairseq_lightseq`), applied by `install()` in this order:
 3. `checkpoints.safety.register`: torch's weights_only loader reads fairseq checkpoints (the
    allowlist is checkpoint code, kept with it; registering it is torch's own API);
 4. `checkpoint_io`: clear errors for unreadable checkpoints, atomic copies;
-5. `cli_config`: `--bf16` without `--tpu`, `--fp16` and torchrun on the CPU;
+5. `cli_config`: `--bf16` without `--tpu`, `--fp16` and torchrun on the CPU, and (`fairscale_engines`) the
+   refusals of fairscale's engines before fairseq-train imports fairscale;
 6. `cpu_ddp`: `--ddp-backend pytorch_ddp` on the CPU;
 7. `clean_exit`: fairseq's data-buffer threads stopped before exit;
 8. `refusal_exit`: the plugin's refusals (errors.Refusal) end a command with their message alone, exit 1;

@@ -38,6 +38,9 @@ CLIs (fairseq-train, fairseq-validate, ...) look up afterwards is
    fairseq's trainer still calls `.cuda()` when it meets an fp16 overflow (trainer.py, the
    OverflowError handler), for every model and both fp16 forms; that is inside its train_step and
    is not changed here (see the README's known limits).
+
+The wrapper also runs fairscale_engines.check before a training command (its refusals must come before
+fairseq-train imports fairscale).
 """
 import logging
 import os
@@ -47,6 +50,7 @@ from typing import Optional, Sequence
 import torch
 from fairseq.distributed import utils as distributed_utils
 
+from . import fairscale_engines
 from .wrap import wrap
 
 logger = logging.getLogger(__name__)
@@ -142,6 +146,8 @@ def _wrap_call_main(call_main):
         warn_bf16_evaluates_in_fp32(cfg, main)
         infer_torchrun_on_cpu(cfg)
         unflatten_fp16_on_cpu(cfg)
+        if not evaluates(main):  # the same wrapper also runs the training command's early refusals
+            fairscale_engines.check(cfg)
         return call_main(cfg, main, **kwargs)
     return wrapped
 

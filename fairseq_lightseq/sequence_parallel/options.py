@@ -18,6 +18,9 @@ from .sharding import MODES, SequenceParallel
 # The criteria that count a rank's share of the targets (the others would count every token P times), for
 # the models with a decoder; an encoder-only model passes its own (ls_roberta: ls_masked_lm).
 CRITERIA = ("ls_label_smoothed_cross_entropy", "ls_cross_entropy")
+# fairseq's engines that do not all-reduce each gradient over the world, which the SP ranks' partial
+# gradients need: fully_sharded reduce-scatters shards of them, slowmo averages parameters.
+REFUSED_DDP_BACKENDS = ("fully_sharded", "slowmo")
 
 
 def add_args(parser) -> None:
@@ -62,9 +65,9 @@ def check(args, sides=("encoder", "decoder"), criteria=CRITERIA) -> None:
     def get(name, default=None):
         return getattr(args, name, default)
 
+    check_ddp_backend(args, get("ddp_backend"))
     refused = [
         ("--criterion " + str(get("criterion")), get("criterion") not in (None, *criteria)),
-        ("--ddp-backend " + str(get("ddp_backend")), get("ddp_backend") in ("fully_sharded", "slowmo")),
         ("--use-bmuf", bool(get("use_bmuf"))),
         ("--model-parallel-size " + str(get("model_parallel_size")), (get("model_parallel_size") or 1) > 1),
         ("--tpu", bool(get("tpu"))),
@@ -75,6 +78,15 @@ def check(args, sides=("encoder", "decoder"), criteria=CRITERIA) -> None:
         if bad:
             extra = f" (it needs --criterion {' or '.join(criteria)})" if option.startswith("--criterion") else ""
             raise ConfigurationError(f"--sequence-parallel-size {P} does not support {option}{extra}")
+
+
+def check_ddp_backend(args, ddp_backend) -> None:
+    """Raise ConfigurationError when args ask for sequence parallelism under `ddp_backend` (--ddp-backend) and
+    it is one of REFUSED_DDP_BACKENDS. fairseq-train imports fairscale for fully_sharded before it builds the
+    model, so this part of `check` also runs before that (patches.fairscale_engines)."""
+    P, _ = size_and_mode(args)
+    if P > 1 and ddp_backend in REFUSED_DDP_BACKENDS:
+        raise ConfigurationError(f"--sequence-parallel-size {P} does not support --ddp-backend {ddp_backend}")
 
 
 def _world_size(args) -> int:
