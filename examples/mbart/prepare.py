@@ -16,29 +16,14 @@ OUT_DIR gets:
 The fairseq tools are taken from the interpreter's directory (the venv that has fairseq).
 """
 import argparse
-import gzip
 import os
 import shutil
-import subprocess
 import sys
 
-SPLITS = {"train": "train", "valid": "val", "test": "test_2016_flickr"}
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "common"))
+from multi30k import SPLITS, preprocess, read, write  # noqa: E402
+
 LANGS = ("en", "de")
-BIN = os.path.dirname(sys.executable)
-
-
-def read(d, name, lang):
-    with gzip.open(os.path.join(d, f"{name}.{lang}.gz"), "rt", encoding="utf-8") as f:
-        return [line.strip() for line in f]
-
-
-def write(path, lines):
-    with open(path, "w", encoding="utf-8") as f:
-        f.writelines(line + "\n" for line in lines)
-
-
-def preprocess(out, *args):
-    subprocess.run([os.path.join(BIN, "fairseq-preprocess"), "--workers", "2", *args], cwd=out, check=True)
 
 
 def main():

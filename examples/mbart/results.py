@@ -8,18 +8,15 @@ validation (None for a run with --disable-validation); the test split: sacreBLEU
 (fairseq-generate's detokenized translations, in sentence order) against REFERENCE (prepare.py's
 raw/test.de), also written to OUT_DIR/bleu.txt.
 """
-import json
 import os
-import statistics
 import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "common"))
+from parity import json_rows, main  # noqa: E402
 
 
 def _last_valid(path):
-    rows = []
-    with open(path) as f:
-        for line in f:
-            if "| valid |" in line and "{" in line:
-                rows.append(json.loads(line[line.index("{"):]))
+    rows = json_rows(path, "valid")
     return rows[-1] if rows else None
 
 
@@ -43,20 +40,5 @@ def results(out, reference=None):
             "finetune_valid_loss": float(finetune["valid_loss"]) if finetune else None, "test_bleu": bleu}
 
 
-def compare(ls_dirs, native_dirs):
-    ls, native = [results(d) for d in ls_dirs], [results(d) for d in native_dirs]
-    for key in ("pretrain_valid_loss", "finetune_valid_loss", "test_bleu"):
-        a, b = [r[key] for r in ls], [r[key] for r in native]
-        if None in a + b:
-            continue
-        sd = (lambda xs: statistics.stdev(xs) if len(xs) > 1 else 0.0)
-        print(f"{key}: ls {statistics.mean(a):.4f} +- {sd(a):.4f} {a} | native {statistics.mean(b):.4f} +- "
-              f"{sd(b):.4f} {b} | mean difference {statistics.mean(a) - statistics.mean(b):+.4f}")
-
-
 if __name__ == "__main__":
-    if sys.argv[1] == "--compare":
-        i = sys.argv.index("--")
-        compare(sys.argv[2:i], sys.argv[i + 1:])
-    else:
-        print(json.dumps(results(sys.argv[1], sys.argv[2])))
+    main(results, ("pretrain_valid_loss", "finetune_valid_loss", "test_bleu"))

@@ -13,25 +13,16 @@
 # FINETUNE_UPDATES (1000), MODEL (a small mbart_base: 2 + 2 layers, width 128); CPU unless CPU="" is set;
 # PRETRAINED=FILE fine-tunes from FILE (e.g. fairseq's mbart.cc25 model.pt with its MODEL) instead.
 set -euo pipefail
-if [ $# -lt 4 ]; then sed -n "2,15p" "$0" >&2; exit 2; fi
-IMPL=$1 SEED=$2 DATA=$3 OUT=$4
-shift 4
-HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-USER_DIR=$(cd "$HERE/../.." && pwd)/fairseq_lightseq
-PYTHON=${PYTHON:-python}
-BIN=$(dirname "$(command -v "$PYTHON")")
+source "$(dirname "$0")/../common/run_args.sh"   # IMPL SEED DATA OUT HERE USER_DIR PYTHON BIN CPU, by_impl
 PRETRAIN_UPDATES=${PRETRAIN_UPDATES:-1000}
 FINETUNE_UPDATES=${FINETUNE_UPDATES:-1000}
 MODEL=${MODEL:-"--encoder-layers 2 --decoder-layers 2 --encoder-embed-dim 128 --decoder-embed-dim 128
        --encoder-ffn-embed-dim 512 --decoder-ffn-embed-dim 512 --encoder-attention-heads 4
        --decoder-attention-heads 4"}
-CPU=${CPU-"--cpu"}
 LANGS=${LANGS:-en,de}
-case $IMPL in
-    ls) ARCH=ls_mbart_base; CRIT=ls_label_smoothed_cross_entropy; OPT=ls_adam ;;
-    native) ARCH=mbart_base; CRIT=label_smoothed_cross_entropy; OPT=adam ;;
-    *) echo "run.sh: IMPL must be ls or native" >&2; exit 2 ;;
-esac
+ARCH=$(by_impl ls_mbart_base mbart_base)
+CRIT=$(by_impl ls_label_smoothed_cross_entropy label_smoothed_cross_entropy)
+OPT=$(by_impl ls_adam adam)
 mkdir -p "$OUT/pretrain" "$OUT/finetune"
 # --user-dir for both: fairseq's translation_from_pretrained_bart needs the plugin's fix with any model
 COMMON=(--user-dir "$USER_DIR" --arch "$ARCH" --criterion "$CRIT" --label-smoothing 0.1 --optimizer "$OPT"

@@ -14,30 +14,18 @@ OUT_DIR gets:
 The fairseq tools are taken from the interpreter's directory (the venv that has fairseq).
 """
 import argparse
-import gzip
 import os
 import random
-import subprocess
 import sys
 
-SPLITS = {"train": "train", "valid": "val", "test": "test_2016_flickr"}
-BIN = os.path.dirname(sys.executable)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "common"))
+from multi30k import SPLITS, preprocess, read, write  # noqa: E402
 
 
-def read(d, name, lang):
-    with gzip.open(os.path.join(d, f"{name}.{lang}.gz"), "rt", encoding="utf-8") as f:
-        return [line.strip() for line in f]
-
-
-def write(path, lines):
-    with open(path, "w", encoding="utf-8") as f:
-        f.writelines(line + "\n" for line in lines)
-
-
-def preprocess(out, dest, pref, srcdict=None):
-    cmd = [os.path.join(BIN, "fairseq-preprocess"), "--only-source", "--trainpref", pref + "train",
-           "--validpref", pref + "valid", "--testpref", pref + "test", "--destdir", dest, "--workers", "2"]
-    subprocess.run(cmd + (["--srcdict", srcdict] if srcdict else []), cwd=out, check=True)
+def preprocess_splits(out, dest, pref, srcdict=None):
+    """fairseq-preprocess --only-source of PREF{train,valid,test} into DEST (with SRCDICT's dictionary if given)."""
+    preprocess(out, "--only-source", "--trainpref", pref + "train", "--validpref", pref + "valid",
+               "--testpref", pref + "test", "--destdir", dest, *(["--srcdict", srcdict] if srcdict else []))
 
 
 def main():
@@ -71,9 +59,9 @@ def main():
             rng.shuffle(rows)
         write(os.path.join(raw, f"cls.{split}"), [r[0] for r in rows])
         write(os.path.join(raw, f"label.{split}"), [r[1] for r in rows])
-    preprocess(args.out, "mlm-bin", "raw/mlm.")
-    preprocess(args.out, "cls-bin/input0", "raw/cls.", srcdict="mlm-bin/dict.txt")
-    preprocess(args.out, "cls-bin/label", "raw/label.")
+    preprocess_splits(args.out, "mlm-bin", "raw/mlm.")
+    preprocess_splits(args.out, "cls-bin/input0", "raw/cls.", srcdict="mlm-bin/dict.txt")
+    preprocess_splits(args.out, "cls-bin/label", "raw/label.")
     print(f"prepare.py: wrote {args.out}/mlm-bin and {args.out}/cls-bin")
 
 

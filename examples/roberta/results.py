@@ -7,24 +7,16 @@ Pretraining: the masked-LM validation loss (base 2, over the masked tokens) of t
 fine-tuning: fairseq-validate's accuracy and loss (base 2, per sentence) on the valid and test splits of
 checkpoint_last.pt.
 """
-import json
 import os
 import re
-import statistics
 import sys
 
-
-def _json_rows(path, tag):
-    rows = []
-    with open(path) as f:
-        for line in f:
-            if f"| {tag} |" in line and "{" in line:
-                rows.append(json.loads(line[line.index("{"):]))
-    return rows
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "common"))
+from parity import json_rows, main  # noqa: E402
 
 
 def results(out):
-    valid = _json_rows(os.path.join(out, "pretrain", "train.log"), "valid")
+    valid = json_rows(os.path.join(out, "pretrain", "train.log"), "valid")
     finetune = {}
     with open(os.path.join(out, "finetune", "validate.log")) as f:
         for line in f:
@@ -36,19 +28,6 @@ def results(out):
             **finetune}
 
 
-def compare(ls_dirs, native_dirs):
-    ls, native = [results(d) for d in ls_dirs], [results(d) for d in native_dirs]
-    for key in ("pretrain_valid_loss", "finetune_valid_accuracy", "finetune_test_accuracy", "finetune_valid_loss",
-                "finetune_test_loss"):
-        a, b = [r[key] for r in ls], [r[key] for r in native]
-        sd = (lambda xs: statistics.stdev(xs) if len(xs) > 1 else 0.0)
-        print(f"{key}: ls {statistics.mean(a):.4f} +- {sd(a):.4f} {a} | native {statistics.mean(b):.4f} +- "
-              f"{sd(b):.4f} {b} | mean difference {statistics.mean(a) - statistics.mean(b):+.4f}")
-
-
 if __name__ == "__main__":
-    if sys.argv[1] == "--compare":
-        i = sys.argv.index("--")
-        compare(sys.argv[2:i], sys.argv[i + 1:])
-    else:
-        print(json.dumps(results(sys.argv[1])))
+    main(results, ("pretrain_valid_loss", "finetune_valid_accuracy", "finetune_test_accuracy", "finetune_valid_loss",
+                   "finetune_test_loss"))

@@ -12,22 +12,13 @@
 # 2 layers, width 64); CPU unless CPU="" is set; PRETRAINED=DIR skips the pretraining and fine-tunes from
 # DIR/pretrain/checkpoint_last.pt (an earlier run's OUT_DIR, e.g. for a shorter fine-tuning).
 set -euo pipefail
-if [ $# -lt 4 ]; then sed -n "2,15p" "$0" >&2; exit 2; fi
-IMPL=$1 SEED=$2 DATA=$3 OUT=$4
-shift 4
-HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-USER_DIR=$(cd "$HERE/../.." && pwd)/fairseq_lightseq
-PYTHON=${PYTHON:-python}
-BIN=$(dirname "$(command -v "$PYTHON")")
+source "$(dirname "$0")/../common/run_args.sh"   # IMPL SEED DATA OUT HERE USER_DIR PYTHON BIN CPU, by_impl
 PRETRAIN_UPDATES=${PRETRAIN_UPDATES:-1000}
 FINETUNE_UPDATES=${FINETUNE_UPDATES:-300}
 MODEL=${MODEL:-"--encoder-layers 2 --encoder-embed-dim 64 --encoder-ffn-embed-dim 256 --encoder-attention-heads 4"}
-CPU=${CPU-"--cpu"}
-case $IMPL in
-    ls) ARCH=ls_roberta; MLM=ls_masked_lm; OPT=ls_adam ;;
-    native) ARCH=roberta; MLM=masked_lm; OPT=adam ;;
-    *) echo "run.sh: IMPL must be ls or native" >&2; exit 2 ;;
-esac
+ARCH=$(by_impl ls_roberta roberta)
+MLM=$(by_impl ls_masked_lm masked_lm)
+OPT=$(by_impl ls_adam adam)
 mkdir -p "$OUT/pretrain" "$OUT/finetune"
 # --user-dir for both: the native run needs the plugin only for numpy 2 (fairseq's np.compat.long)
 COMMON=(--user-dir "$USER_DIR" --arch "$ARCH" --optimizer "$OPT" $MODEL --seed "$SEED" $CPU --num-workers 0

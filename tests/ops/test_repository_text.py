@@ -13,7 +13,9 @@ Over `git ls-files` (files git tracks; skipped outside a git checkout):
   or an explicit `<a id>` of the target;
 - benchmarks/results.csv is well formed and benchmarks/README.md is exactly benchmarks/render.py's output;
 - no command decodes sentencepiece twice (fairseq-generate's --remove-bpe/--post-process sentencepiece with a
-  --bpe: the words lose their spaces, and the BLEU printed is of glued text).
+  --bpe: the words lose their spaces, and the BLEU printed is of glued text);
+- README.md stays a front door: at most README_LINE_LIMIT lines (details go to docs/usage.md, the user
+  guide, and docs/architecture.md, the internals).
 """
 import importlib.util
 import json
@@ -28,6 +30,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SIZE_LIMIT = 200_000            # bytes; the largest source file is about a fifth of this
 LINE_REPEAT_LIMIT = 50          # occurrences of one line of >= MIN_REPEATED_LINE characters in one file
 MIN_REPEATED_LINE = 40
+README_LINE_LIMIT = 170
 RESULT_DATA = re.compile(r"^benchmarks/runs/.*\.json$")
 
 SESSION = re.compile(r"\bsessions?\b", re.IGNORECASE)
@@ -175,6 +178,12 @@ def test_relative_markdown_links_resolve():
                 if anchor not in anchors[dest]:
                     broken.append(f"{p}: {target} (no such anchor)")
     assert not broken, "\n".join(broken)
+
+
+def test_readme_stays_a_front_door():
+    lines = len((ROOT / "README.md").read_text(encoding="utf-8").splitlines())
+    assert lines <= README_LINE_LIMIT, (
+        f"README.md has {lines} lines > {README_LINE_LIMIT}: move details to docs/usage.md or docs/architecture.md")
 
 
 def _render_module():
