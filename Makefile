@@ -94,12 +94,13 @@ $(EMU_ASAN_LIB): $(patsubst %,build/emulation-asan/%.o,$(EMU_SRCS))
 emulated: $(EMU_LIB) $(EMU_ASAN_LIB)
 
 # Every test marked cuda_emulated, three times: threads in index order with NaN poison, then in a random order
-# (seed 1) with the finite poison (FLS_EMULATION_POISON=finite), and under AddressSanitizer beside them in a
-# random order of a second seed (2) with NaN poison: the two cores run both; a fourth pass for the second seed
-# would not fit the ~5 minutes, and the bounds ASan checks do not depend on the order, whose index form the
-# first pass covers. The end-to-end training runs, which reach no kernel path the op tests do not, are left out
-# under ASan; --capture=sys lets an ASan report, written by C code to an aborting process's stderr, reach the
-# log. TESTS picks a subset. Skipped, saying so,
+# (seed 1) with the finite poison (FLS_EMULATION_POISON=finite), and under AddressSanitizer beside them (the two
+# cores run both) in a random order of a second seed (2) with NaN poison. The second seed rides on the ASan
+# pass instead of a fourth pass, which would lengthen the sequential side past the ASan pass and the ~5
+# minutes: the out-of-bounds accesses ASan checks do not depend on the order, and the first pass covers index
+# order. The end-to-end training runs, which reach no kernel path the op tests do not, are left out under ASan;
+# --capture=sys lets an ASan report, written by C code to an aborting process's stderr, reach the log. TESTS
+# picks a subset. Skipped, saying so,
 # without CUDA's headers (CUDA_INCLUDE). One torch thread: the emulator runs on one, and idle OpenMP workers
 # spinning beside it slowed the suite tenfold.
 TESTS ?= tests
@@ -109,7 +110,7 @@ test-cuda-emulated: build
 	@if [ ! -f $(CUDA_INCLUDE)/cuda_runtime.h ]; then \
 	  echo "SKIP test-cuda-emulated: no CUDA headers in $(CUDA_INCLUDE) (set CUDA_INCLUDE=...)"; exit 0; fi; \
 	set -e; $(MAKE) --no-print-directory -j2 emulated; fail=; \
-	echo "== emulated CUDA device under AddressSanitizer, random order (seed 2): in the background, log $(EMU_ASAN_LOG)"; \
+	echo "== emulated CUDA device under AddressSanitizer, random order (seed 2): in the background, $(EMU_ASAN_LOG)"; \
 	( LD_PRELOAD="$(ASAN_RUNTIME)" ASAN_OPTIONS=detect_leaks=0 FLS_EMULATION_SCHEDULE=random FLS_EMULATION_SEED=2 \
 	  FLS_CUDA_EMULATION_LIBRARY=$(CURDIR)/$(EMU_ASAN_LIB) $(EMU_PYTEST) -m "cuda_emulated and not e2e" \
 	  --capture=sys $(TESTS) > $(EMU_ASAN_LOG) 2>&1 ) & asan=$$!; \
