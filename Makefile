@@ -96,9 +96,9 @@ emulated: $(EMU_LIB) $(EMU_ASAN_LIB)
 # Every test marked cuda_emulated, three times: threads in index order with NaN poison, then in a random order
 # (seed 1) with the finite poison (FLS_EMULATION_POISON=finite), and under AddressSanitizer beside them (the two
 # cores run both) in a random order of a second seed (2) with NaN poison. The second seed rides on the ASan
-# pass instead of a fourth pass, which would lengthen the sequential side past the ASan pass and the ~5
-# minutes: the out-of-bounds accesses ASan checks do not depend on the order, and the first pass covers index
-# order. The end-to-end training runs, which reach no kernel path the op tests do not, are left out under ASan;
+# pass, the longest, rather than on a fourth pass that would lengthen the other side past it: the
+# out-of-bounds accesses ASan checks do not depend on the order, and the first pass covers index order.
+# The end-to-end training runs, which reach no kernel path the op tests do not, are left out under ASan;
 # --capture=sys lets an ASan report, written by C code to an aborting process's stderr, reach the log. TESTS
 # picks a subset. Skipped, saying so,
 # without CUDA's headers (CUDA_INCLUDE). One torch thread: the emulator runs on one, and idle OpenMP workers
