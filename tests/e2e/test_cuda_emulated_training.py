@@ -2,6 +2,8 @@
 (packed and padded) and ls_roberta, every dropout on (0.1), give the losses of the same run on the CPU kernels
 within the fp32 tolerance of the CUDA tests. The dropout masks are the same by design (one Philox stream on
 both devices); what may differ is the kernels' summation order. GEMMs are torch's CPU ones on both sides.
+Each emulated run must have launched the kernels it uses (the emulator's launch counts), or a silent fallback
+to the CPU kernels would pass.
 
 Marked `e2e` and `cuda_emulated` (make test-cuda-emulated)."""
 import os
