@@ -64,8 +64,8 @@ bench: setup
 # shared library that fairseq_lightseq/ops/_backend.py loads before _C when FLS_CUDA_EMULATION=1; a second
 # build of it under AddressSanitizer (every load and store of the kernels checked against torch's buffers).
 CUDA_INCLUDE ?= /usr/local/cuda/include
-# (tests/emulation/misuse.cu: kernels that misuse CUDA on purpose, for the emulator's own tests)
-EMU_SRCS := $(wildcard csrc/cuda/*.cu) csrc/emulation/scheduler.cpp tests/emulation/misuse.cu
+# (tests/emulation/*.cu: kernels for the emulator's own tests, e.g. ones that misuse CUDA on purpose)
+EMU_SRCS := $(wildcard csrc/cuda/*.cu) csrc/emulation/scheduler.cpp $(wildcard tests/emulation/*.cu)
 EMU_HDRS := $(wildcard csrc/cuda/*.cuh csrc/include/fls/*.h csrc/kernels/*.h csrc/emulation/*.h)
 EMU_CXX ?= g++
 EMU_FLAGS := -std=c++20 -O2 -fPIC -DFLS_CUDA_EMULATION -I$(CUDA_INCLUDE) -Icsrc/include -Icsrc/emulation
@@ -95,10 +95,14 @@ $(EMU_ASAN_LIB): $(patsubst %,build/emulation-asan/%.o,$(EMU_SRCS))
 
 emulated: $(EMU_LIB) $(EMU_ASAN_LIB)
 
-# Every test marked cuda_emulated, three times: threads in index order, then in a seeded random order, and
-# under AddressSanitizer beside them (the two cores run both; the end-to-end training runs, which reach no
-# kernel path the op tests do not, are left out there; --capture=sys lets an ASan report, written by C code to
-# an aborting process's stderr, reach the log). TESTS picks a subset. Skipped, saying so,
+# Every test marked cuda_emulated, three times: threads in index order with NaN poison, then in a random order
+# (seed 1) with the finite poison (FLS_EMULATION_POISON=finite), and under AddressSanitizer beside them (the two
+# cores run both) in a random order of a second seed (2) with NaN poison. The second seed rides on the ASan
+# pass, the longest, rather than on a fourth pass that would lengthen the other side past it: the
+# out-of-bounds accesses ASan checks do not depend on the order, and the first pass covers index order.
+# The end-to-end training runs, which reach no kernel path the op tests do not, are left out under ASan;
+# --capture=sys lets an ASan report, written by C code to an aborting process's stderr, reach the log. TESTS
+# picks a subset. Skipped, saying so,
 # without CUDA's headers (CUDA_INCLUDE). One torch thread: the emulator runs on one, and idle OpenMP workers
 # spinning beside it slowed the suite tenfold.
 TESTS ?= tests
@@ -108,13 +112,15 @@ test-cuda-emulated: build
 	@if [ ! -f $(CUDA_INCLUDE)/cuda_runtime.h ]; then \
 	  echo "SKIP test-cuda-emulated: no CUDA headers in $(CUDA_INCLUDE) (set CUDA_INCLUDE=...)"; exit 0; fi; \
 	set -e; $(MAKE) --no-print-directory -j2 emulated; fail=; \
-	echo "== emulated CUDA device under AddressSanitizer: in the background, log $(EMU_ASAN_LOG)"; \
-	( LD_PRELOAD="$(ASAN_RUNTIME)" ASAN_OPTIONS=detect_leaks=0 \
+	echo "== emulated CUDA device under AddressSanitizer, random order (seed 2): in the background, $(EMU_ASAN_LOG)"; \
+	( LD_PRELOAD="$(ASAN_RUNTIME)" ASAN_OPTIONS=detect_leaks=0 FLS_EMULATION_SCHEDULE=random FLS_EMULATION_SEED=2 \
 	  FLS_CUDA_EMULATION_LIBRARY=$(CURDIR)/$(EMU_ASAN_LIB) $(EMU_PYTEST) -m "cuda_emulated and not e2e" \
 	  --capture=sys $(TESTS) > $(EMU_ASAN_LOG) 2>&1 ) & asan=$$!; \
-	echo "== emulated CUDA device: threads in index order"; $(EMU_PYTEST) -m cuda_emulated $(TESTS) || fail=1; \
-	echo "== emulated CUDA device: seeded random order"; \
-	FLS_EMULATION_SCHEDULE=random FLS_EMULATION_SEED=1 $(EMU_PYTEST) -m cuda_emulated $(TESTS) || fail=1; \
+	echo "== emulated CUDA device: threads in index order, NaN poison"; \
+	$(EMU_PYTEST) -m cuda_emulated $(TESTS) || fail=1; \
+	echo "== emulated CUDA device: random order (seed 1), finite poison"; \
+	FLS_EMULATION_SCHEDULE=random FLS_EMULATION_SEED=1 FLS_EMULATION_POISON=finite \
+	  $(EMU_PYTEST) -m cuda_emulated $(TESTS) || fail=1; \
 	wait $$asan || fail=1; \
 	echo "== emulated CUDA device under AddressSanitizer:"; tail -n 40 $(EMU_ASAN_LOG); \
 	[ -z "$$fail" ]

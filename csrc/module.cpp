@@ -37,6 +37,7 @@ static PyObject* set_cuda_emulation(PyObject*, PyObject* arg) {
                                      "importing fairseq_lightseq, after `make emulated`)");
     return nullptr;
   }
+  if (on) fls::poison_emulated_allocations();
   fls::g_cuda_emulation.store(on != 0);
   Py_RETURN_NONE;
 }

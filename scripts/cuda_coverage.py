@@ -27,7 +27,8 @@ def build() -> str:
     os.makedirs(OUT)
     objs = []
     for src in sorted(glob.glob(os.path.join(ROOT, "csrc/cuda/*.cu"))) + [
-            os.path.join(ROOT, "csrc/emulation/scheduler.cpp"), os.path.join(ROOT, "tests/emulation/misuse.cu")]:
+            os.path.join(ROOT, "csrc/emulation/scheduler.cpp"),
+            *sorted(glob.glob(os.path.join(ROOT, "tests/emulation/*.cu")))]:
         obj = os.path.join(OUT, os.path.basename(src) + ".o")
         lang = ["-x", "c++", "-include", "csrc/emulation/cuda_emulation.h"] if src.endswith(".cu") else []
         subprocess.run(["g++", *FLAGS, *lang, "-c", src, "-o", obj], cwd=ROOT, check=True)

@@ -87,6 +87,10 @@ MUTANTS = [
     Mutant("embedding.cu", "missing bounds check (token ids not checked against num_embeddings)",
            "    check_id(tok, num_embeddings, false);\n    const int64_t pos = kPos ? positions[r] : 0;",
            "    const int64_t pos = kPos ? positions[r] : 0;", [EMB]),
+    Mutant("attention_heads.cu", "an output row left unwritten (merge_heads' vector path stops one token row short)",
+           "r < g.rows; r += gridDim.y * blockDim.y) {\n    const uint32_t t = r / g.B, b = r - t * g.B;\n    y[",
+           "r + 1 < g.rows; r += gridDim.y * blockDim.y) {\n    const uint32_t t = r / g.B, b = r - t * g.B;\n    y[",
+           [HEADS]),
 ]
 
 
@@ -123,7 +127,7 @@ def build(src_root: str, out: str, mutated: str, jobs: int) -> None:
         cmds.append(["g++", *FLAGS, "-x", "c++", "-include", "csrc/emulation/cuda_emulation.h", "-c", cu, "-o", obj])
         objs.append(obj)
     objs += [os.path.join(PREBUILT, "csrc/emulation/scheduler.cpp.o"),
-             os.path.join(PREBUILT, "tests/emulation/misuse.cu.o")]
+             *sorted(glob.glob(os.path.join(PREBUILT, "tests/emulation/*.cu.o")))]
     running = []
     for cmd in cmds:
         running.append(subprocess.Popen(cmd, cwd=src_root, stderr=subprocess.PIPE, text=True))

@@ -14,8 +14,16 @@
 // operations.
 //
 // FLS_EMULATION_SCHEDULE=random runs the warps between two barriers, the lanes of a warp and the blocks of
-// the grid in a seeded random order (seed FLS_EMULATION_SEED, default 0) instead of index order: a kernel
-// whose result depends on that order has a race. Launches are serialised (one at a time in the process).
+// the grid in a seeded random order instead of index order: a kernel whose result depends on that order has
+// a race. Each launch draws its own order, from the seed (FLS_EMULATION_SEED, default 0), the kernel's name
+// and how many times that kernel launched before, so the launches of one kernel do not replay one order.
+// Launches are serialised (one at a time in the process), and counted per kernel (fls_emu_launch_counts).
+//
+// Memory no kernel wrote yet is poison: the shared memory of a block when it starts, and (through
+// fls::cuda::emulation_poison_byte, csrc/ops/poisoned_allocator.cpp) every tensor the op layer allocates on
+// the emulated device. FLS_EMULATION_POISON=nan (the default) repeats the byte 0xff, a NaN in every float
+// type; =finite repeats 0x7b, a huge finite number in every float type (1.3e36 in fp32 and bf16, 60768 in
+// fp16), which fmaxf or a comparison does not absorb as they absorb a NaN.
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -208,6 +216,25 @@ std::string kernel_name(const char* pretty) {
   return s.substr(a + 9, b - a - 9);
 }
 
+unsigned char env_poison_byte() {
+  const char* s = std::getenv("FLS_EMULATION_POISON");
+  if (s == nullptr || std::string(s).empty() || std::string(s) == "nan") return 0xff;
+  if (std::string(s) == "finite") return 0x7b;
+  throw std::runtime_error("FLS_EMULATION_POISON must be 'nan' or 'finite', got '" + std::string(s) + "'");
+}
+
+unsigned char poison_byte() {
+  static const unsigned char poison = env_poison_byte();
+  return poison;
+}
+
+// Launches per kernel name (under g_launch_mutex): for the tests that a run reached the emulated kernels, and
+// the launch's own random order.
+std::unordered_map<std::string, uint64_t>& launch_counts() {
+  static std::unordered_map<std::string, uint64_t> counts;
+  return counts;
+}
+
 size_t env_seed() {
   const char* s = std::getenv("FLS_EMULATION_SEED");
   return s ? std::strtoull(s, nullptr, 10) : 0;
@@ -360,8 +387,9 @@ std::string stuck(Launch& l) {
 // Runs one block to its end or to the launch's failure.
 void run_block(Launch& l, std::mt19937_64* rng) {
   const int n = static_cast<int>(l.threads.size());
-  for (auto& [site, bytes] : l.static_shared) std::fill(bytes.begin(), bytes.end(), 0xff);
-  std::fill(l.dynamic.begin(), l.dynamic.end(), 0xff);
+  const unsigned char poison = poison_byte();
+  for (auto& [site, bytes] : l.static_shared) std::fill(bytes.begin(), bytes.end(), poison);
+  std::fill(l.dynamic.begin(), l.dynamic.end(), poison);
   for (int t = 0; t < n; ++t) {
     Thread& th = l.threads[t];
     th.state = State::kRunnable;
@@ -445,7 +473,7 @@ void* static_shared(const void* site, size_t bytes, size_t align, const char* na
                                          " bytes a block may declare (kernel " + l.kernel + ")");
       park(State::kExited);
     }
-    it = l.static_shared.emplace(site, std::vector<unsigned char>(bytes + align, 0xff)).first;
+    it = l.static_shared.emplace(site, std::vector<unsigned char>(bytes + align, poison_byte())).first;
   }
   auto p = reinterpret_cast<uintptr_t>(it->second.data());
   return reinterpret_cast<void*>((p + align - 1) / align * align);
@@ -474,7 +502,7 @@ cudaError_t launch(const char* kernel, dim3 grid, dim3 block, size_t dynamic_sme
   l.kernel = name;
   l.body = body;
   l.ctx = ctx;
-  l.dynamic.assign(dynamic_smem, 0xff);
+  l.dynamic.assign(dynamic_smem, poison_byte());
   l.threads.resize(threads);
   auto& pool = stack_pool();
   while (pool.size() < threads) pool.push_back(new_stack());
@@ -485,7 +513,10 @@ cudaError_t launch(const char* kernel, dim3 grid, dim3 block, size_t dynamic_sme
   block_dim = block;
   grid_dim = grid;
   g_launch = &l;
-  std::mt19937_64 rng(env_seed() ^ std::hash<std::string>()(name));
+  const uint64_t seed = env_seed(), id = std::hash<std::string>()(name), nth = launch_counts()[name]++;
+  std::seed_seq seeds{uint32_t(seed), uint32_t(seed >> 32), uint32_t(id), uint32_t(id >> 32), uint32_t(nth),
+                      uint32_t(nth >> 32)};
+  std::mt19937_64 rng(seeds);
   const uint64_t blocks = uint64_t(grid.x) * grid.y * grid.z;
   std::vector<uint64_t> order;
   if (shuffled) {
@@ -551,6 +582,19 @@ const char* cudaGetErrorString(cudaError_t e) {
 // For tests: leaves `error` pending, as another library's failed launch or an asynchronous fault would.
 void fls_emu_set_pending_error(int error) { fls_emu::set_error(static_cast<cudaError_t>(error), "set by a test"); }
 
+// For tests: "name\tcount\n" for every kernel launched so far in the process.
+const char* fls_emu_launch_counts() {
+  std::lock_guard<std::mutex> lock(fls_emu::g_launch_mutex);
+  static std::string text;
+  std::ostringstream s;
+  for (const auto& [name, count] : fls_emu::launch_counts()) s << name << '\t' << count << '\n';
+  text = s.str();
+  return text.c_str();
+}
+
+// For tests: the byte the poison repeats (FLS_EMULATION_POISON).
+int fls_emu_poison_byte() { return fls_emu::poison_byte(); }
+
 cudaError_t cudaDeviceSynchronize() { return cudaSuccess; }
 cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
 
@@ -560,5 +604,7 @@ namespace fls {
 namespace cuda {
 // The marker the op layer looks for (csrc/kernels/cuda_launcher.h) before it switches the emulated device on.
 bool emulated_device() { return true; }
+// The poison the op layer fills its allocations with on the emulated device (csrc/ops/poisoned_allocator.cpp).
+unsigned char emulation_poison_byte() { return fls_emu::poison_byte(); }
 }  // namespace cuda
 }  // namespace fls

@@ -8,7 +8,7 @@ import ctypes
 import functools
 import os
 import warnings
-from typing import Optional
+from typing import Dict, Optional
 
 import torch
 
@@ -21,13 +21,15 @@ NAMESPACE = "fairseq_lightseq"
 EMULATION_LIBRARY = os.environ.get("FLS_CUDA_EMULATION_LIBRARY") or os.path.join(
     os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "_cuda_emulated.so")
 EMULATION_LOADED = False
+_emulation_library = None  # its ctypes handle, when loaded
 if os.environ.get("FLS_CUDA_EMULATION") == "1":
     if torch.version.cuda is not None:
         raise RuntimeError("FLS_CUDA_EMULATION=1: the emulated CUDA device is for a CPU build of torch; this torch "
                            f"has CUDA {torch.version.cuda}")
     if not os.path.exists(EMULATION_LIBRARY):
         raise RuntimeError(f"FLS_CUDA_EMULATION=1 but {EMULATION_LIBRARY} is missing: build it with `make emulated`")
-    ctypes.CDLL(EMULATION_LIBRARY, mode=ctypes.RTLD_GLOBAL)
+    _emulation_library = ctypes.CDLL(EMULATION_LIBRARY, mode=ctypes.RTLD_GLOBAL)
+    _emulation_library.fls_emu_launch_counts.restype = ctypes.c_char_p
     EMULATION_LOADED = True
 
 try:
@@ -44,6 +46,7 @@ LIBRARY_FILE = None if _C is None else _C.__file__  # the compiled library's pat
 
 _warned = set()
 _emulating = False
+_NOT_LOADED = "the emulated CUDA device is not loaded: set FLS_CUDA_EMULATION=1 (after `make emulated`)"
 
 
 @contextlib.contextmanager
@@ -53,7 +56,7 @@ def emulated_cuda(on: bool = True):
     emulated_cuda(False) inside it runs the CPU kernels again (to compare the two)."""
     global _emulating
     if on and (_C is None or not EMULATION_LOADED):
-        raise RuntimeError("the emulated CUDA device is not loaded: set FLS_CUDA_EMULATION=1 (after `make emulated`)")
+        raise RuntimeError(_NOT_LOADED)
     before = _emulating
     if _C is not None and EMULATION_LOADED:
         _C.set_cuda_emulation(on)
@@ -69,6 +72,26 @@ def emulated_cuda(on: bool = True):
 def emulating() -> bool:
     """Whether the ops run on the emulated CUDA device now (see emulated_cuda)."""
     return _emulating
+
+
+def _emulation():
+    if _emulation_library is None:
+        raise RuntimeError(_NOT_LOADED)
+    return _emulation_library
+
+
+def emulated_poison_byte() -> int:
+    """The byte that the emulated device's poison repeats in memory no kernel wrote yet (shared memory, and every
+    CPU allocation made while it is on): 0xff (NaN) or, with FLS_EMULATION_POISON=finite, 0x7b."""
+    return _emulation().fls_emu_poison_byte()
+
+
+def emulated_launches() -> Dict[str, int]:
+    """{kernel name: launches} of every kernel the emulated device ran so far in this process (names as the
+    emulator reports them, e.g. "fls::cuda::{anonymous}::ln_fwd_kernel<float>"). For tests that a run reached
+    the emulated kernels rather than falling back to the CPU ones."""
+    text = _emulation().fls_emu_launch_counts().decode()
+    return {name: int(count) for name, count in (line.split("\t") for line in text.splitlines())}
 
 
 def warn_once(key: str, message: str) -> None:
