@@ -106,7 +106,8 @@ $(EMU_CHECKED_LIB): $(patsubst %,build/emulation-checked/%.o,$(filter %.cu,$(EMU
 
 emulated: $(EMU_LIB) $(EMU_ASAN_LIB) $(EMU_CHECKED_LIB)
 
-# Every test marked cuda_emulated, three times: threads in index order, then in a seeded random order, and
+# Every test marked cuda_emulated, three times: threads in index order on the checked build (every access
+# observed: racecheck, initcheck, shared bounds, global races), then in a seeded random order, and
 # under AddressSanitizer beside them (the two cores run both; the end-to-end training runs, which reach no
 # kernel path the op tests do not, are left out there; --capture=sys lets an ASan report, written by C code to
 # an aborting process's stderr, reach the log). TESTS picks a subset. Skipped, saying so,
@@ -123,7 +124,8 @@ test-cuda-emulated: build
 	( LD_PRELOAD="$(ASAN_RUNTIME)" ASAN_OPTIONS=detect_leaks=0 \
 	  FLS_CUDA_EMULATION_LIBRARY=$(CURDIR)/$(EMU_ASAN_LIB) $(EMU_PYTEST) -m "cuda_emulated and not e2e" \
 	  --capture=sys $(TESTS) > $(EMU_ASAN_LOG) 2>&1 ) & asan=$$!; \
-	echo "== emulated CUDA device: threads in index order"; $(EMU_PYTEST) -m cuda_emulated $(TESTS) || fail=1; \
+	echo "== emulated CUDA device: threads in index order, checked build"; \
+	FLS_CUDA_EMULATION_LIBRARY=$(CURDIR)/$(EMU_CHECKED_LIB) $(EMU_PYTEST) -m cuda_emulated $(TESTS) || fail=1; \
 	echo "== emulated CUDA device: seeded random order"; \
 	FLS_EMULATION_SCHEDULE=random FLS_EMULATION_SEED=1 $(EMU_PYTEST) -m cuda_emulated $(TESTS) || fail=1; \
 	wait $$asan || fail=1; \

@@ -11,7 +11,10 @@
 // lucky interleaving. Anything else is a bug of the kernel and fails the launch with an error that names the
 // kernel, the block and the threads: a barrier some thread never reaches (or exited instead), a shuffle
 // whose mask leaves out the caller or names a lane that is missing or gone, lanes of one mask at different
-// operations.
+// operations, and (synccheck) threads released by one barrier or lanes of one warp operation that wait at
+// different call sites. Each thread's accesses are seen by observe.h's observers in the checked build; the
+// scheduler tells them what runs (block, thread, its fiber stack, its count of switch points), the shared
+// arrays (one arena per launch, each array between redzones) and the barriers and warp operations.
 //
 // FLS_EMULATION_SCHEDULE=random runs the warps between two barriers, the lanes of a warp and the blocks of
 // the grid in a seeded random order (seed FLS_EMULATION_SEED, default 0) instead of index order: a kernel
