@@ -46,6 +46,7 @@ struct SharedByte {
 };
 
 struct GlobalByte {
+  uint32_t launch_gen = 0;  // the entry is valid for the launch that has this generation
   uint32_t write_block = 0, read_block = 0;  // block + 1; 0: none in this launch
   Rec write, read;
 };
@@ -69,6 +70,7 @@ class Checks final : public observe::Observer {
 
   void launch_begin(const observe::LaunchInfo& info) override {
     on_ = observe::instrumented();
+    ++launch_gen_;
     grid_ = info.grid;
     if (!on_) return;
     uintptr_t lo, hi;
@@ -98,7 +100,12 @@ class Checks final : public observe::Observer {
           if (s.mask >> j & 1) common_[(s.warp * 32 + i) * 32 + j] = e;
   }
 
-  void launch_end(bool) override { pages_.clear(); last_page_ = nullptr; }
+  // The pages go back to the pool: the next launch's generation makes their entries empty, without zeroing.
+  void launch_end(bool) override {
+    for (auto& [key, page] : pages_) pool_.push_back(std::move(page));
+    pages_.clear();
+    last_page_ = nullptr;
+  }
 
   void access(const Access& a) override {
     if (!on_) return;
@@ -184,7 +191,14 @@ class Checks final : public observe::Observer {
   GlobalPage& page(uintptr_t p) {
     if (p == last_key_ && last_page_) return *last_page_;
     auto& slot = pages_[p];
-    if (!slot) slot = std::make_unique<GlobalPage>();
+    if (!slot) {
+      if (pool_.empty()) {
+        slot = std::make_unique<GlobalPage>();
+      } else {
+        slot = std::move(pool_.back());
+        pool_.pop_back();
+      }
+    }
     last_key_ = p;
     last_page_ = slot.get();
     return *slot;
@@ -196,6 +210,7 @@ class Checks final : public observe::Observer {
     for (uint32_t k = 0; k < a.size; ++k) {
       const uintptr_t addr = a.addr + k;
       GlobalByte& g = page(addr / kPage).bytes[addr % kPage];
+      if (g.launch_gen != launch_gen_) g = GlobalByte{launch_gen_};
       const bool write = a.kind & observe::kWrite;
       if (g.write_block && g.write_block != me)
         global_race(write ? "write-after-write" : "read-after-write", g.write_block, g.write, a, addr);
@@ -222,11 +237,12 @@ class Checks final : public observe::Observer {
 
   bool enabled_ = false, on_ = false;
   dim3 grid_;
-  uint32_t block_ = 0, block_gen_ = 0, event_ = 0, last_barrier_ = 0;
+  uint32_t block_ = 0, block_gen_ = 0, launch_gen_ = 0, event_ = 0, last_barrier_ = 0;
   uintptr_t arena_lo_ = 0;
   std::vector<SharedByte> shared_;
   std::vector<uint32_t> common_;  // [thread * 32 + lane]: the last __syncwarp event the two lanes took part in
-  std::unordered_map<uintptr_t, std::unique_ptr<GlobalPage>> pages_;
+  std::unordered_map<uintptr_t, std::unique_ptr<GlobalPage>> pages_;  // the launch's, by address / kPage
+  std::vector<std::unique_ptr<GlobalPage>> pool_;
   uintptr_t last_key_ = 0;
   GlobalPage* last_page_ = nullptr;
 };

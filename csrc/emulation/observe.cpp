@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <memory>
 #include <mutex>
+#include <stdexcept>
 #include <unordered_map>
 
 #include "cuda_emulation.h"
@@ -19,11 +20,16 @@ Running running;
 
 namespace {
 
-// A function's static, so that an observer may subscribe from another file's static initializer.
-std::vector<Observer*>& observers() {
-  static std::vector<Observer*> list;
-  return list;
-}
+// Constant-initialised (an observer may subscribe from another file's static initializer), and read on every
+// access without a guard.
+constexpr int kMaxObservers = 8;
+Observer* g_list[kMaxObservers] = {};
+int g_count = 0;
+struct List {
+  Observer** begin() const { return g_list; }
+  Observer** end() const { return g_list + g_count; }
+};
+List observers() { return {}; }
 bool g_instrumented = false;
 const std::vector<SharedArray>* g_arrays = nullptr;
 uintptr_t g_shared_lo = 0, g_shared_hi = 0;  // the launch's arena
@@ -42,13 +48,11 @@ Space classify(uintptr_t a) {
 }
 
 inline void seen(const void* addr, uint32_t size, uint8_t kind, const void* pc) {
-  if (!running.on) return;
-  auto& list = observers();
-  if (list.empty()) return;
+  if (!running.on || g_count == 0) return;
   const auto a = reinterpret_cast<uintptr_t>(addr);
   const Access acc{running.launch, running.block, running.thread, running.thread / 32, running.epoch, pc, a, size,
                    kind, classify(a)};
-  for (Observer* o : list) o->access(acc);
+  for (Observer* o : observers()) o->access(acc);
 }
 
 }  // namespace
@@ -64,13 +68,11 @@ const char* space_name(Space s) {
 }
 
 void subscribe(Observer* o) {
-  auto& list = observers();
-  if (std::find(list.begin(), list.end(), o) == list.end()) list.push_back(o);
+  if (std::find(g_list, g_list + g_count, o) != g_list + g_count) return;
+  if (g_count == kMaxObservers) throw std::length_error("fls_emu::observe: more than 8 observers");
+  g_list[g_count++] = o;
 }
-void unsubscribe(Observer* o) {
-  auto& list = observers();
-  list.erase(std::remove(list.begin(), list.end(), o), list.end());
-}
+void unsubscribe(Observer* o) { g_count = static_cast<int>(std::remove(g_list, g_list + g_count, o) - g_list); }
 bool instrumented() { return g_instrumented; }
 
 const SharedArray* shared_array(uintptr_t addr, const SharedArray** nearest) {
