@@ -7,7 +7,7 @@ For every mutant: a copy of csrc/ with one edit of one kernel file, an emulated 
 (the files the edit reaches; the others are `make emulated`'s objects), and `pytest -m cuda_emulated -x` over
 the mutant's tests with FLS_CUDA_EMULATION_LIBRARY pointing at it: first the checked build in thread order
 (every access observed: racecheck, initcheck, shared bounds, global races, besides synccheck), where that
-passes the build under AddressSanitizer in thread order, then in a seeded random order. One row per mutant:
+passes (or the process dies) the build under AddressSanitizer in thread order, then in a seeded random order. One row per mutant:
 the file, the bug, and the test that caught it (with the check that failed it, where one did) or NOT CAUGHT. The exit status is 1 when a mutant was not caught (or its edit no longer
 applies to the sources). Needs `make build emulated` done and CUDA's headers.
 """
@@ -226,15 +226,20 @@ def main(argv=None) -> int:
                 os.makedirs(os.path.dirname(lib))
                 build(src, lib, m.file, args.jobs, "checked")
                 caught, by = run_tests(lib, m.tests, "ordered", asan=False)
-                if not caught:
+                # A process that died (a heap the mutant corrupted) was caught by luck, not by a check: the
+                # AddressSanitizer build says what happened.
+                died = by if by.startswith("the test process") else ""
+                if not caught or died:
                     lib = os.path.join(src, "asan", "_cuda_emulated.so")
                     os.makedirs(os.path.dirname(lib))
                     build(src, lib, m.file, args.jobs, "asan")
                     caught, by = run_tests(lib, m.tests, "ordered", asan=True)
-                    by = f"{by} (AddressSanitizer build)" if caught else by
-                if not caught:
-                    caught, by = run_tests(lib, m.tests, "random", asan=True)
-                    by = f"{by} (random schedule)" if caught else by
+                    by = f"{by} (AddressSanitizer build)" if caught and "AddressSanitizer" not in by else by
+                    if not caught:
+                        caught, by = run_tests(lib, m.tests, "random", asan=True)
+                        by = f"{by} (AddressSanitizer build, random schedule)" if caught else by
+                    if not caught and died:
+                        caught, by = True, f"{died} (checked build)"
                 row = dict(n=n, file=m.file, bug=m.bug, caught_by=by if caught else "NOT CAUGHT")
                 missed += not caught
             row["seconds"] = round(time.time() - t0, 1)
