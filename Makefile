@@ -62,15 +62,20 @@ bench: setup
 
 # The emulated CUDA device: csrc/cuda/*.cu compiled by the host compiler with the emulation header, as one
 # shared library that fairseq_lightseq/ops/_backend.py loads before _C when FLS_CUDA_EMULATION=1; a second
-# build of it under AddressSanitizer (every load and store of the kernels checked against torch's buffers).
+# build of it under AddressSanitizer (every load and store of the kernels checked against torch's buffers); a
+# third, the checked build, whose kernels are compiled with gcc's ThreadSanitizer instrumentation and linked
+# without its runtime: csrc/emulation/observe.cpp sees every access, and checks.cpp runs compute-sanitizer's
+# racecheck, initcheck and bounds checks on them (the emulator's own objects are the plain build's).
 CUDA_INCLUDE ?= /usr/local/cuda/include
-# (tests/emulation/*.cu: kernels for the emulator's own tests, e.g. ones that misuse CUDA on purpose)
-EMU_SRCS := $(wildcard csrc/cuda/*.cu) csrc/emulation/scheduler.cpp $(wildcard tests/emulation/*.cu)
+# (tests/emulation/*.cu: kernels for the emulator's own tests: ones that misuse CUDA on purpose, one per check)
+EMU_SRCS := $(wildcard csrc/cuda/*.cu) $(wildcard csrc/emulation/*.cpp) $(wildcard tests/emulation/*.cu)
 EMU_HDRS := $(wildcard csrc/cuda/*.cuh csrc/include/fls/*.h csrc/kernels/*.h csrc/emulation/*.h)
 EMU_CXX ?= g++
 EMU_FLAGS := -std=c++20 -O2 -fPIC -DFLS_CUDA_EMULATION -I$(CUDA_INCLUDE) -Icsrc/include -Icsrc/emulation
 EMU_LIB := fairseq_lightseq/_cuda_emulated.so
 EMU_ASAN_LIB := fairseq_lightseq/_cuda_emulated_asan.so
+EMU_CHECKED_LIB := fairseq_lightseq/_cuda_emulated_checked.so
+EMU_OBSERVE_FLAGS := -fsanitize=thread --param=tsan-instrument-func-entry-exit=0 -g1
 # Preloaded into python for the AddressSanitizer run; libstdc++ too, or ASan cannot find the __cxa_throw
 # it intercepts (torch's errors are C++ exceptions).
 ASAN_RUNTIME = $(shell $(EMU_CXX) -print-file-name=libasan.so) $(shell $(EMU_CXX) -print-file-name=libstdc++.so)
@@ -84,6 +89,9 @@ build/emulation/%.cpp.o: %.cpp $(EMU_HDRS)
 build/emulation-asan/%.cu.o: %.cu $(EMU_HDRS)
 	@mkdir -p $(dir $@)
 	$(EMU_CXX) $(EMU_FLAGS) -fsanitize=address -x c++ -include csrc/emulation/cuda_emulation.h -c $< -o $@
+build/emulation-checked/%.cu.o: %.cu $(EMU_HDRS)
+	@mkdir -p $(dir $@)
+	$(EMU_CXX) $(EMU_FLAGS) $(EMU_OBSERVE_FLAGS) -x c++ -include csrc/emulation/cuda_emulation.h -c $< -o $@
 build/emulation-asan/%.cpp.o: %.cpp $(EMU_HDRS)
 	@mkdir -p $(dir $@)
 	$(EMU_CXX) $(EMU_FLAGS) -fsanitize=address -c $< -o $@
@@ -93,12 +101,18 @@ $(EMU_LIB): $(patsubst %,build/emulation/%.o,$(EMU_SRCS))
 $(EMU_ASAN_LIB): $(patsubst %,build/emulation-asan/%.o,$(EMU_SRCS))
 	$(EMU_CXX) -shared -fsanitize=address -o $@ $^
 
-emulated: $(EMU_LIB) $(EMU_ASAN_LIB)
+# No -fsanitize=thread here: the instrumentation's calls are observe.cpp's, not libtsan's.
+$(EMU_CHECKED_LIB): $(patsubst %,build/emulation-checked/%.o,$(filter %.cu,$(EMU_SRCS))) \
+                    $(patsubst %,build/emulation/%.o,$(filter %.cpp,$(EMU_SRCS)))
+	$(EMU_CXX) -shared -o $@ $^
 
-# Every test marked cuda_emulated, three times: threads in index order with NaN poison, then in a random order
-# (seed 1) with the finite poison (FLS_EMULATION_POISON=finite), and under AddressSanitizer beside them (the two
-# cores run both) in a random order of a second seed (2) with NaN poison. The second seed rides on the ASan
-# pass, the longest, rather than on a fourth pass that would lengthen the other side past it: the
+emulated: $(EMU_LIB) $(EMU_ASAN_LIB) $(EMU_CHECKED_LIB)
+
+# Every test marked cuda_emulated, three times: threads in index order on the checked build (every access
+# observed: racecheck, initcheck, shared bounds, global races) with NaN poison, then on the plain build in a
+# random order (seed 1) with the finite poison (FLS_EMULATION_POISON=finite), and under AddressSanitizer beside
+# them (the two cores run both) in a random order of a second seed (2) with NaN poison. The second seed rides
+# on the ASan pass, the longest, rather than on a fourth pass that would lengthen the other side past it: the
 # out-of-bounds accesses ASan checks do not depend on the order, and the first pass covers index order.
 # The end-to-end training runs, which reach no kernel path the op tests do not, are left out under ASan;
 # --capture=sys lets an ASan report, written by C code to an aborting process's stderr, reach the log. TESTS
@@ -116,8 +130,8 @@ test-cuda-emulated: build
 	( LD_PRELOAD="$(ASAN_RUNTIME)" ASAN_OPTIONS=detect_leaks=0 FLS_EMULATION_SCHEDULE=random FLS_EMULATION_SEED=2 \
 	  FLS_CUDA_EMULATION_LIBRARY=$(CURDIR)/$(EMU_ASAN_LIB) $(EMU_PYTEST) -m "cuda_emulated and not e2e" \
 	  --capture=sys $(TESTS) > $(EMU_ASAN_LOG) 2>&1 ) & asan=$$!; \
-	echo "== emulated CUDA device: threads in index order, NaN poison"; \
-	$(EMU_PYTEST) -m cuda_emulated $(TESTS) || fail=1; \
+	echo "== emulated CUDA device: threads in index order, checked build, NaN poison"; \
+	FLS_CUDA_EMULATION_LIBRARY=$(CURDIR)/$(EMU_CHECKED_LIB) $(EMU_PYTEST) -m cuda_emulated $(TESTS) || fail=1; \
 	echo "== emulated CUDA device: random order (seed 1), finite poison"; \
 	FLS_EMULATION_SCHEDULE=random FLS_EMULATION_SEED=1 FLS_EMULATION_POISON=finite \
 	  $(EMU_PYTEST) -m cuda_emulated $(TESTS) || fail=1; \

@@ -3,11 +3,12 @@ against the emulated tests that cover it.
 
     python -m scripts.cuda_mutants [--only N ...] [--json FILE]
 
-For every mutant: a copy of csrc/ with one edit of one kernel file, the emulated library under
-AddressSanitizer rebuilt from that copy (the files the edit reaches; the others are `make emulated`'s objects),
-and `pytest -m cuda_emulated -x` over the mutant's tests with FLS_CUDA_EMULATION_LIBRARY pointing at it; once
-in thread order and, where that passes, in a seeded random order. One row per mutant: the file, the bug, and
-the test that caught it or NOT CAUGHT. The exit status is 1 when a mutant was not caught (or its edit no longer
+For every mutant: a copy of csrc/ with one edit of one kernel file, an emulated library rebuilt from that copy
+(the files the edit reaches; the others are `make emulated`'s objects), and `pytest -m cuda_emulated -x` over
+the mutant's tests with FLS_CUDA_EMULATION_LIBRARY pointing at it: first the checked build in thread order
+(every access observed: racecheck, initcheck, shared bounds, global races, besides synccheck), where that
+passes (or the process dies) the build under AddressSanitizer in thread order, then in a seeded random order. One row per mutant:
+the file, the bug, and the test that caught it (with the check that failed it, where one did) or NOT CAUGHT. The exit status is 1 when a mutant was not caught (or its edit no longer
 applies to the sources). Needs `make build emulated` done and CUDA's headers.
 """
 import argparse
@@ -87,6 +88,22 @@ MUTANTS = [
     Mutant("embedding.cu", "missing bounds check (token ids not checked against num_embeddings)",
            "    check_id(tok, num_embeddings, false);\n    const int64_t pos = kPos ? positions[r] : 0;",
            "    const int64_t pos = kPos ? positions[r] : 0;", [EMB]),
+    Mutant("reduce.cuh", "block max over every scratch slot (the slots of warps the block does not have are "
+           "unwritten: NaN poison, which fmaxf drops)", "v = lane < nwarps ? scratch[lane] : -INFINITY;",
+           "v = scratch[lane];", [XENT, SOFTMAX]),
+    Mutant("cross_entropy.cu", "backward row bound off by one (v <= V: each row's thread writes the next row's "
+           "first element)", "for (int64_t v = threadIdx.x; v < V; v += blockDim.x) {\n    const float p",
+           "for (int64_t v = threadIdx.x; v <= V; v += blockDim.x) {\n    const float p", [XENT]),
+    Mutant("reduce.cuh", "divergent __syncthreads (the barrier after the warps' partial sums in both branches "
+           "of an if)", "  if (lane == 0) scratch[warp] = v;\n  __syncthreads();\n  v = lane < nwarps ? scratch[lane] "
+           ": 0.0f;", "  if (lane == 0) {\n    scratch[warp] = v;\n    __syncthreads();\n  } else {\n"
+           "    __syncthreads();\n  }\n  v = lane < nwarps ? scratch[lane] : 0.0f;", [LN, XENT]),
+    Mutant("varlen_attention.cu", "__syncwarp removed after a warp's row is stored to shared memory (the "
+           "shuffles that follow exchange registers, not memory)",
+           "  for (int d = lane; d < D; d += 32) dst[d] = to_float(x[d]);\n  __syncwarp();\n",
+           "  for (int d = lane; d < D; d += 32) dst[d] = to_float(x[d]);\n", [VARLEN]),
+    Mutant("dropout.cu", "a static shared array one element short (the last thread writes one past its end)",
+           "FLS_SHARED(float, red, [kThreads * V]);", "FLS_SHARED(float, red, [kThreads * V - 1]);", [DROPOUT]),
     Mutant("attention_heads.cu", "an output row left unwritten (merge_heads' vector path stops one token row short)",
            "r < g.rows; r += gridDim.y * blockDim.y) {\n    const uint32_t t = r / g.B, b = r - t * g.B;\n    y[",
            "r + 1 < g.rows; r += gridDim.y * blockDim.y) {\n    const uint32_t t = r / g.B, b = r - t * g.B;\n    y[",
@@ -94,10 +111,16 @@ MUTANTS = [
 ]
 
 
-# As the Makefile builds the AddressSanitizer variant (EMU_FLAGS -fsanitize=address).
-FLAGS = ["-std=c++20", "-O2", "-fPIC", "-fsanitize=address", "-DFLS_CUDA_EMULATION", f"-I{CUDA_INCLUDE}",
-         "-Icsrc/include", "-Icsrc/emulation"]
-PREBUILT = os.path.join(ROOT, "build/emulation-asan")
+# As the Makefile builds the variants: (.cu flags, link flags, the prebuilt .cu objects, the prebuilt .cpp objects).
+FLAGS = ["-std=c++20", "-O2", "-fPIC", "-DFLS_CUDA_EMULATION", f"-I{CUDA_INCLUDE}", "-Icsrc/include",
+         "-Icsrc/emulation"]
+VARIANTS = {
+    "checked": (["-fsanitize=thread", "--param=tsan-instrument-func-entry-exit=0", "-g1"], [],
+                os.path.join(ROOT, "build/emulation-checked"), os.path.join(ROOT, "build/emulation")),
+    "asan": (["-fsanitize=address"], ["-fsanitize=address"], os.path.join(ROOT, "build/emulation-asan"),
+             os.path.join(ROOT, "build/emulation-asan")),
+}
+CHECKS = r"\[emulated: (racecheck|initcheck|synccheck|bounds|global race)"
 
 
 def reached(mutated: str) -> set:
@@ -113,21 +136,23 @@ def reached(mutated: str) -> set:
     return {n for n in names if n.endswith(".cu")}
 
 
-def build(src_root: str, out: str, mutated: str, jobs: int) -> None:
-    """The emulated library into out: the .cu files the edit of `mutated` reaches compiled from the csrc/ under
-    src_root (objects beside out), every other object `make emulated`'s."""
+def build(src_root: str, out: str, mutated: str, jobs: int, variant: str) -> None:
+    """The emulated library `variant` into out: the .cu files the edit of `mutated` reaches compiled from the
+    csrc/ under src_root (objects beside out), every other object `make emulated`'s."""
+    flags, link, prebuilt_cu, prebuilt_cpp = VARIANTS[variant]
     objs, cmds = [], []
     rebuild = reached(mutated)
     for cu in sorted(glob.glob(os.path.join(src_root, "csrc/cuda/*.cu"))):
         name = os.path.basename(cu)
         if name not in rebuild:
-            objs.append(os.path.join(PREBUILT, "csrc/cuda", name + ".o"))
+            objs.append(os.path.join(prebuilt_cu, "csrc/cuda", name + ".o"))
             continue
         obj = os.path.join(os.path.dirname(out), name + ".o")
-        cmds.append(["g++", *FLAGS, "-x", "c++", "-include", "csrc/emulation/cuda_emulation.h", "-c", cu, "-o", obj])
+        cmds.append(["g++", *FLAGS, *flags, "-x", "c++", "-include", "csrc/emulation/cuda_emulation.h", "-c", cu,
+                     "-o", obj])
         objs.append(obj)
-    objs += [os.path.join(PREBUILT, "csrc/emulation/scheduler.cpp.o"),
-             *sorted(glob.glob(os.path.join(PREBUILT, "tests/emulation/*.cu.o")))]
+    objs += sorted(glob.glob(os.path.join(prebuilt_cpp, "csrc/emulation/*.cpp.o")))
+    objs += sorted(glob.glob(os.path.join(prebuilt_cu, "tests/emulation/*.cu.o")))
     running = []
     for cmd in cmds:
         running.append(subprocess.Popen(cmd, cwd=src_root, stderr=subprocess.PIPE, text=True))
@@ -135,7 +160,7 @@ def build(src_root: str, out: str, mutated: str, jobs: int) -> None:
             _wait(running.pop(0))
     for p in running:
         _wait(p)
-    subprocess.run(["g++", "-shared", "-fsanitize=address", "-o", out, *objs], check=True)
+    subprocess.run(["g++", "-shared", *link, "-o", out, *objs], check=True)
 
 
 def _wait(p):
@@ -144,12 +169,15 @@ def _wait(p):
         raise RuntimeError(f"build failed: {' '.join(p.args)}\n{err[-3000:]}")
 
 
-def run_tests(lib: str, tests: List[str], schedule: str) -> tuple:
+def run_tests(lib: str, tests: List[str], schedule: str, asan: bool) -> tuple:
     """(caught, by): whether pytest failed on the tests with the emulated library `lib`, and the first failure."""
-    preload = " ".join(subprocess.run(["g++", f"-print-file-name={name}"], capture_output=True, text=True,
-                                      check=True).stdout.strip() for name in ("libasan.so", "libstdc++.so"))
-    env = dict(os.environ, FLS_CUDA_EMULATION="1", FLS_CUDA_EMULATION_LIBRARY=lib, LD_PRELOAD=preload,
-               ASAN_OPTIONS="detect_leaks=0", FLS_EMULATION_SCHEDULE=schedule, FLS_EMULATION_SEED="1")
+    env = dict(os.environ, FLS_CUDA_EMULATION="1", FLS_CUDA_EMULATION_LIBRARY=lib, FLS_EMULATION_SCHEDULE=schedule,
+               FLS_EMULATION_SEED="1")
+    if asan:
+        env["LD_PRELOAD"] = " ".join(subprocess.run(["g++", f"-print-file-name={name}"], capture_output=True,
+                                                    text=True, check=True).stdout.strip()
+                                     for name in ("libasan.so", "libstdc++.so"))
+        env["ASAN_OPTIONS"] = "detect_leaks=0"
     # -v: each test's id is printed before it runs; --capture=sys: AddressSanitizer's report (C's stderr) reaches
     # the output rather than pytest's capture file, which the aborting process never reads back.
     r = subprocess.run([sys.executable, "-m", "pytest", "-v", "-x", "--capture=sys", "-p", "no:cacheprovider", "-m",
@@ -158,7 +186,8 @@ def run_tests(lib: str, tests: List[str], schedule: str) -> tuple:
         return False, ""
     failed = re.findall(r"^FAILED (\S+)", r.stdout, re.M)
     if failed:
-        return True, failed[0]
+        check = re.search(CHECKS, r.stdout)
+        return True, f"{failed[0]} ({check.group(1)})" if check else failed[0]
     asan = re.search(r"ERROR: AddressSanitizer: ([\w-]+)", r.stderr)
     if asan:
         running = re.findall(r"^(tests/\S+::\S+)", r.stdout, re.M)
@@ -178,7 +207,7 @@ def main(argv=None) -> int:
     if not os.path.exists(os.path.join(CUDA_INCLUDE, "cuda_runtime.h")):
         print(f"cuda_mutants: CUDA's headers are not in {CUDA_INCLUDE} (set CUDA_INCLUDE)", file=sys.stderr)
         return 2
-    if not os.path.exists(os.path.join(PREBUILT, "csrc/emulation/scheduler.cpp.o")):
+    if not all(os.path.exists(os.path.join(v[2], "csrc/cuda/adam.cu.o")) for v in VARIANTS.values()):
         print("cuda_mutants: run `make emulated` first (the unmutated objects)", file=sys.stderr)
         return 2
     chosen = [(i + 1, m) for i, m in enumerate(MUTANTS) if not args.only or i + 1 in args.only]
@@ -197,13 +226,24 @@ def main(argv=None) -> int:
                 missed += 1
             else:
                 open(path, "w").write(text.replace(m.old, m.new, 1))
-                lib = os.path.join(src, "lib", "_cuda_emulated.so")
+                lib = os.path.join(src, "checked", "_cuda_emulated.so")
                 os.makedirs(os.path.dirname(lib))
-                build(src, lib, m.file, args.jobs)
-                caught, by = run_tests(lib, m.tests, "ordered")
-                if not caught:
-                    caught, by = run_tests(lib, m.tests, "random")
-                    by = f"{by} (random schedule)" if caught else by
+                build(src, lib, m.file, args.jobs, "checked")
+                caught, by = run_tests(lib, m.tests, "ordered", asan=False)
+                # A process that died (a heap the mutant corrupted) was caught by luck, not by a check: the
+                # AddressSanitizer build says what happened.
+                died = by if by.startswith("the test process") else ""
+                if not caught or died:
+                    lib = os.path.join(src, "asan", "_cuda_emulated.so")
+                    os.makedirs(os.path.dirname(lib))
+                    build(src, lib, m.file, args.jobs, "asan")
+                    caught, by = run_tests(lib, m.tests, "ordered", asan=True)
+                    by = f"{by} (AddressSanitizer build)" if caught and "AddressSanitizer" not in by else by
+                    if not caught:
+                        caught, by = run_tests(lib, m.tests, "random", asan=True)
+                        by = f"{by} (AddressSanitizer build, random schedule)" if caught else by
+                    if not caught and died:
+                        caught, by = True, f"{died} (checked build)"
                 row = dict(n=n, file=m.file, bug=m.bug, caught_by=by if caught else "NOT CAUGHT")
                 missed += not caught
             row["seconds"] = round(time.time() - t0, 1)

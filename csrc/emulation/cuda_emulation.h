@@ -55,11 +55,14 @@ enum class WarpOp : int { kSync, kShflIdx, kShflXor, kShflDown, kShflUp, kBallot
 // same kind and mask, then returns this lane's result (for shuffles the bits of the source lane's `bits`;
 // for votes the ballot). Mismatched masks, a lane outside its own mask, a lane that does not exist or has
 // exited: the launch fails with an error naming the kernel and the lanes.
-uint64_t warp_op(WarpOp op, unsigned mask, uint64_t bits, int arg, int width);
-// __syncthreads: parks until every thread of the block is here (one that exited instead is an error).
-void sync_block();
+// `file`/`line` is the operation's call site (synccheck: the lanes of one operation call it from one site).
+uint64_t warp_op(WarpOp op, unsigned mask, uint64_t bits, int arg, int width, const char* file, int line);
+// __syncthreads: parks until every thread of the block is here (one that exited instead is an error, and so
+// are threads waiting at barriers of different call sites: synccheck).
+void sync_block(const char* file, int line);
 // The storage of the shared array declared at `site` (one per declaration and template instance) for the
-// block that runs now: poisoned (0xff bytes: NaN floats) when the block first asks for it.
+// block that runs now: exactly `bytes` between unowned redzones, poisoned (0xff bytes: NaN floats) when the
+// block starts.
 void* static_shared(const void* site, size_t bytes, size_t align, const char* name);
 // The block's dynamic shared memory: exactly the bytes the launch requested, poisoned.
 void* dynamic_shared();
@@ -90,66 +93,72 @@ inline T from_bits(uint64_t b) {
 #define gridDim (::fls_emu::grid_dim)
 #define warpSize 32
 
-inline void __syncthreads() { ::fls_emu::sync_block(); }
-inline void __syncwarp(unsigned mask = 0xffffffffu) {
-  ::fls_emu::warp_op(::fls_emu::WarpOp::kSync, mask, 0, 0, 32);
+// The barrier and warp operations take their call site as default arguments (the caller's file and line).
+#define FLS_EMU_SITE const char *file = __builtin_FILE(), int line = __builtin_LINE()
+inline void __syncthreads(FLS_EMU_SITE) { ::fls_emu::sync_block(file, line); }
+inline void __syncwarp(unsigned mask = 0xffffffffu, FLS_EMU_SITE) {
+  ::fls_emu::warp_op(::fls_emu::WarpOp::kSync, mask, 0, 0, 32, file, line);
 }
-inline unsigned __activemask() {
-  return static_cast<unsigned>(::fls_emu::warp_op(::fls_emu::WarpOp::kActiveMask, 0, 0, 0, 32));
+inline unsigned __activemask(FLS_EMU_SITE) {
+  return static_cast<unsigned>(::fls_emu::warp_op(::fls_emu::WarpOp::kActiveMask, 0, 0, 0, 32, file, line));
 }
-inline unsigned __ballot_sync(unsigned mask, int pred) {
-  return static_cast<unsigned>(::fls_emu::warp_op(::fls_emu::WarpOp::kBallot, mask, pred != 0, 0, 32));
+inline unsigned __ballot_sync(unsigned mask, int pred, FLS_EMU_SITE) {
+  return static_cast<unsigned>(::fls_emu::warp_op(::fls_emu::WarpOp::kBallot, mask, pred != 0, 0, 32, file, line));
 }
-inline int __all_sync(unsigned mask, int pred) {
-  return static_cast<int>(::fls_emu::warp_op(::fls_emu::WarpOp::kAll, mask, pred != 0, 0, 32));
+inline int __all_sync(unsigned mask, int pred, FLS_EMU_SITE) {
+  return static_cast<int>(::fls_emu::warp_op(::fls_emu::WarpOp::kAll, mask, pred != 0, 0, 32, file, line));
 }
-inline int __any_sync(unsigned mask, int pred) {
-  return static_cast<int>(::fls_emu::warp_op(::fls_emu::WarpOp::kAny, mask, pred != 0, 0, 32));
-}
-template <typename T>
-inline T __shfl_sync(unsigned mask, T var, int src_lane, int width = 32) {
-  return ::fls_emu::from_bits<T>(
-      ::fls_emu::warp_op(::fls_emu::WarpOp::kShflIdx, mask, ::fls_emu::to_bits(var), src_lane, width));
+inline int __any_sync(unsigned mask, int pred, FLS_EMU_SITE) {
+  return static_cast<int>(::fls_emu::warp_op(::fls_emu::WarpOp::kAny, mask, pred != 0, 0, 32, file, line));
 }
 template <typename T>
-inline T __shfl_xor_sync(unsigned mask, T var, int lane_mask, int width = 32) {
-  return ::fls_emu::from_bits<T>(
-      ::fls_emu::warp_op(::fls_emu::WarpOp::kShflXor, mask, ::fls_emu::to_bits(var), lane_mask, width));
+inline T __shfl_sync(unsigned mask, T var, int src_lane, int width = 32, FLS_EMU_SITE) {
+  return ::fls_emu::from_bits<T>(::fls_emu::warp_op(::fls_emu::WarpOp::kShflIdx, mask, ::fls_emu::to_bits(var),
+                                                    src_lane, width, file, line));
 }
 template <typename T>
-inline T __shfl_down_sync(unsigned mask, T var, unsigned delta, int width = 32) {
+inline T __shfl_xor_sync(unsigned mask, T var, int lane_mask, int width = 32, FLS_EMU_SITE) {
+  return ::fls_emu::from_bits<T>(::fls_emu::warp_op(::fls_emu::WarpOp::kShflXor, mask, ::fls_emu::to_bits(var),
+                                                    lane_mask, width, file, line));
+}
+template <typename T>
+inline T __shfl_down_sync(unsigned mask, T var, unsigned delta, int width = 32, FLS_EMU_SITE) {
   return ::fls_emu::from_bits<T>(::fls_emu::warp_op(::fls_emu::WarpOp::kShflDown, mask, ::fls_emu::to_bits(var),
-                                                    static_cast<int>(delta), width));
+                                                    static_cast<int>(delta), width, file, line));
 }
 template <typename T>
-inline T __shfl_up_sync(unsigned mask, T var, unsigned delta, int width = 32) {
+inline T __shfl_up_sync(unsigned mask, T var, unsigned delta, int width = 32, FLS_EMU_SITE) {
   return ::fls_emu::from_bits<T>(::fls_emu::warp_op(::fls_emu::WarpOp::kShflUp, mask, ::fls_emu::to_bits(var),
-                                                    static_cast<int>(delta), width));
+                                                    static_cast<int>(delta), width, file, line));
 }
 
-// Atomics: the threads of a launch never run at the same time, so a read-modify-write is atomic.
+// Atomics: the threads of a launch never run at the same time, so a load and a store make a read-modify-write
+// atomic; they are the __atomic builtins so that the checked build observes them as atomic (observe.h).
+template <typename T>
+inline T fls_emu_atomic_update(T* p, T (*f)(T, T), T v) {
+  T old, next;
+  __atomic_load(p, &old, __ATOMIC_RELAXED);
+  next = f(old, v);
+  __atomic_store(p, &next, __ATOMIC_RELAXED);
+  return old;
+}
 template <typename T>
 inline T atomicAdd(T* p, T v) {
-  T old = *p;
-  *p = old + v;
-  return old;
+  return fls_emu_atomic_update<T>(p, [](T a, T b) -> T { return a + b; }, v);
 }
 template <typename T>
 inline T atomicMax(T* p, T v) {
-  T old = *p;
-  *p = old < v ? v : old;
-  return old;
+  return fls_emu_atomic_update<T>(p, [](T a, T b) -> T { return a < b ? b : a; }, v);
 }
 template <typename T>
 inline T atomicExch(T* p, T v) {
-  T old = *p;
-  *p = v;
-  return old;
+  return fls_emu_atomic_update<T>(p, [](T, T b) -> T { return b; }, v);
 }
 template <typename T>
 inline T atomicCAS(T* p, T compare, T v) {
-  T old = *p;
-  if (old == compare) *p = v;
+  T old;
+  __atomic_load(p, &old, __ATOMIC_RELAXED);
+  if (old == compare) __atomic_store(p, &v, __ATOMIC_RELAXED);
   return old;
 }
 

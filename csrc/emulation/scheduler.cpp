@@ -11,7 +11,10 @@
 // lucky interleaving. Anything else is a bug of the kernel and fails the launch with an error that names the
 // kernel, the block and the threads: a barrier some thread never reaches (or exited instead), a shuffle
 // whose mask leaves out the caller or names a lane that is missing or gone, lanes of one mask at different
-// operations.
+// operations, and (synccheck) threads released by one barrier or lanes of one warp operation that wait at
+// different call sites. Each thread's accesses are seen by observe.h's observers in the checked build; the
+// scheduler tells them what runs (block, thread, its fiber stack, its count of switch points), the shared
+// arrays (one arena per launch, each array between redzones) and the barriers and warp operations.
 //
 // FLS_EMULATION_SCHEDULE=random runs the warps between two barriers, the lanes of a warp and the blocks of
 // the grid in a seeded random order instead of index order: a kernel whose result depends on that order has
@@ -24,11 +27,13 @@
 // the emulated device. FLS_EMULATION_POISON=nan (the default) repeats the byte 0xff, a NaN in every float
 // type; =finite repeats 0x7b, a huge finite number in every float type (1.3e36 in fp32 and bf16, 60768 in
 // fp16), which fmaxf or a comparison does not absorb as they absorb a NaN.
+#include <pthread.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <mutex>
 #include <random>
 #include <sstream>
@@ -38,6 +43,7 @@
 #include <vector>
 
 #include "cuda_emulation.h"
+#include "observe.h"
 
 #if defined(__SANITIZE_ADDRESS__)
 #include <sanitizer/asan_interface.h>
@@ -55,8 +61,14 @@ constexpr unsigned kMaxThreads = 1024;  // per block, sm_80 / sm_90
 constexpr unsigned kMaxBlockZ = 64;
 constexpr unsigned kMaxGridYZ = 65535;
 constexpr unsigned kMaxGridX = 2147483647u;
-constexpr size_t kMaxStaticShared = 48 * 1024;   // static __shared__ per block
-constexpr size_t kMaxDynamicShared = 48 * 1024;  // without cudaFuncSetAttribute's opt-in (none of ours opts in)
+// Shared memory per block, static and dynamic together, without cudaFuncSetAttribute's opt-in (none of ours
+// opts in); over it the launch fails with cudaErrorInvalidValue, as CUDA's does.
+constexpr size_t kMaxShared = 48 * 1024;
+// The block's shared arrays lie in one arena, each between redzones that belong to no array, so that an access
+// past an array's end is out of bounds exactly (observe.h's checks, AddressSanitizer's poison).
+constexpr size_t kRedzone = 32;
+constexpr size_t kMaxSharedArrays = 256;
+constexpr size_t kArena = 2 * kMaxShared + (kMaxSharedArrays + 2) * (kRedzone + 16);
 #if defined(__SANITIZE_ADDRESS__)
 constexpr size_t kStack = 512 * 1024;  // instrumented frames are larger
 #else
@@ -107,6 +119,9 @@ struct Thread {
   unsigned mask;
   uint64_t bits, result;
   int arg, width;
+  const char* file = nullptr;  // the call site of the barrier or warp operation it waits at
+  int line = 0;
+  uint32_t epoch = 0;  // switch points passed since the block started (observe.h)
 };
 
 // A failure of the launch: the status CUDA would return and what the emulator saw.
@@ -127,10 +142,15 @@ struct Launch {
   int current = -1;  // index of the running thread
   bool failed = false;
   Failure failure;
-  // Shared memory of the block that runs now.
-  std::unordered_map<const void*, std::vector<unsigned char>> static_shared;
+  uint64_t id = 0;  // the process's launch counter
+  // Shared memory of the block that runs now: the arena, the arrays in it (the dynamic bytes first, then the
+  // static arrays in the order the kernel declares them) and which array a declaration's site has.
+  std::vector<unsigned char> arena;
+  size_t arena_used = 0;
+  std::vector<observe::SharedArray> arrays;
+  std::unordered_map<const void*, size_t> static_shared;
   size_t static_bytes = 0;
-  std::vector<unsigned char> dynamic;
+  size_t dynamic_bytes_requested = 0;
 };
 
 std::mutex g_launch_mutex;
@@ -180,7 +200,14 @@ void park(State s) {
   leaving_fiber(l, t, s == State::kExited);
   fls_emu_switch(&t.sp, l.scheduler_sp);
   entered_fiber(l, t);
+  ++t.epoch;
+  observe::running.epoch = t.epoch;
 }
+
+bool same_site(const Thread& a, const Thread& b) {
+  return a.line == b.line && (a.file == b.file || std::strcmp(a.file, b.file) == 0);
+}
+std::string site_of(const Thread& t) { return std::string(t.file) + ":" + std::to_string(t.line); }
 
 // Where a fiber starts (fls_emu_switch's `ret` lands here): runs the kernel for its thread, then parks as
 // exited; the scheduler never resumes an exited fiber.
@@ -313,6 +340,12 @@ bool resolve_warp_ops(Launch& l, int w0) {
                "lanes " + std::to_string(i) + " and " + std::to_string(j) +
                    " of one warp wait at different warp operations or masks (" + op() + ")");
           return false;
+        } else if (!same_site(u, t)) {
+          fail(l, cudaErrorIllegalInstruction,
+               "synccheck: lanes " + std::to_string(i) + " and " + std::to_string(j) +
+                   " of one warp meet at a warp operation from different call sites, " + site_of(t) + " and " +
+                   site_of(u) + " (divergent warp operation; " + op() + ")");
+          return false;
         }
       }
       if (!ready) continue;
@@ -357,6 +390,7 @@ bool resolve_warp_ops(Launch& l, int w0) {
       }
       for (int j = 0; j < 32; ++j)
         if (mask >> j & 1) l.threads[w0 + j].state = State::kRunnable;
+      observe::synced({false, static_cast<uint32_t>(w0 / 32), mask, static_cast<int>(kind)});
       moved = true;
     }
   }
@@ -388,12 +422,13 @@ std::string stuck(Launch& l) {
 void run_block(Launch& l, std::mt19937_64* rng) {
   const int n = static_cast<int>(l.threads.size());
   const unsigned char poison = poison_byte();
-  for (auto& [site, bytes] : l.static_shared) std::fill(bytes.begin(), bytes.end(), poison);
-  std::fill(l.dynamic.begin(), l.dynamic.end(), poison);
+  for (const observe::SharedArray& a : l.arrays)
+    std::memset(reinterpret_cast<void*>(a.begin), poison, a.end - a.begin);
   for (int t = 0; t < n; ++t) {
     Thread& th = l.threads[t];
     th.state = State::kRunnable;
     th.sp = fresh_fiber(th.stack);
+    th.epoch = 0;
   }
   // Warp by warp: a warp runs (its lanes in order, or shuffled) and completes its warp operations until all
   // its lanes wait at the barrier or have exited, before the next warp starts. So a warp runs as far ahead
@@ -413,6 +448,11 @@ void run_block(Launch& l, std::mt19937_64* rng) {
           if (t >= n || l.threads[t].state != State::kRunnable) continue;
           l.current = t;
           thread_idx = l.threads[t].idx;
+          observe::running.thread = static_cast<uint32_t>(t);
+          observe::running.epoch = l.threads[t].epoch;
+          observe::running.stack_lo = reinterpret_cast<uintptr_t>(l.threads[t].stack);
+          observe::running.stack_hi = observe::running.stack_lo + kStack;
+          observe::running.on = true;
 #if defined(__SANITIZE_ADDRESS__)
           void* fake_stack = nullptr;
           __sanitizer_start_switch_fiber(&fake_stack, l.threads[t].stack, kStack);
@@ -421,6 +461,7 @@ void run_block(Launch& l, std::mt19937_64* rng) {
 #else
           fls_emu_switch(&l.scheduler_sp, l.threads[t].sp);
 #endif
+          observe::running.on = false;
           if (l.failed) return;  // a device assert or a misuse: the launch ends here
         }
       } while (resolve_warp_ops(l, w * 32));
@@ -433,7 +474,18 @@ void run_block(Launch& l, std::mt19937_64* rng) {
     }
     if (exited == n) return;
     if (at_barrier == n) {
+      // synccheck: one barrier, not two that happen to be waited at together (barriers in both branches of
+      // an if). Every opening checked, so the threads also agree on the occurrence of the site.
+      for (int t = 1; t < n; ++t)
+        if (!same_site(l.threads[t], l.threads[0])) {
+          fail(l, cudaErrorLaunchFailure,
+               "synccheck: divergent __syncthreads: thread " + coords(l.threads[0].idx) + " waits at " +
+                   site_of(l.threads[0]) + ", thread " + coords(l.threads[t].idx) + " at " + site_of(l.threads[t]) +
+                   " (kernel " + l.kernel + ", block " + coords(block_idx) + ")");
+          return;
+        }
       for (Thread& th : l.threads) th.state = State::kRunnable;
+      observe::synced({true, 0, 0, 0});
       continue;
     }
     fail(l, cudaErrorLaunchFailure, stuck(l));
@@ -448,9 +500,11 @@ cudaError_t set_error(cudaError_t code, const std::string& detail) {
 
 }  // namespace
 
-uint64_t warp_op(WarpOp op, unsigned mask, uint64_t bits, int arg, int width) {
+uint64_t warp_op(WarpOp op, unsigned mask, uint64_t bits, int arg, int width, const char* file, int line) {
   Launch& l = *g_launch;
   Thread& t = l.threads[l.current];
+  t.file = file;
+  t.line = line;
   t.op = op;
   t.mask = mask;
   t.bits = bits;
@@ -460,26 +514,58 @@ uint64_t warp_op(WarpOp op, unsigned mask, uint64_t bits, int arg, int width) {
   return t.result;
 }
 
-void sync_block() { park(State::kBarrier); }
+void sync_block(const char* file, int line) {
+  Thread& t = g_launch->threads[g_launch->current];
+  t.file = file;
+  t.line = line;
+  park(State::kBarrier);
+}
+
+namespace {
+// Places an array of `bytes` in the launch's arena after a redzone; its storage.
+void* place_shared(Launch& l, size_t bytes, size_t align, const char* name) {
+  const auto base = reinterpret_cast<uintptr_t>(l.arena.data());
+  const uintptr_t begin = (base + l.arena_used + kRedzone + align - 1) / align * align;
+  l.arena_used = begin + bytes - base;
+  l.arrays.push_back({begin, begin + bytes, name});
+  observe::set_shared(&l.arrays, base, base + kArena);
+#if defined(__SANITIZE_ADDRESS__)
+  __asan_unpoison_memory_region(reinterpret_cast<void*>(begin), bytes);
+#endif
+  std::memset(reinterpret_cast<void*>(begin), 0xff, bytes);
+  return reinterpret_cast<void*>(begin);
+}
+}  // namespace
 
 void* static_shared(const void* site, size_t bytes, size_t align, const char* name) {
   Launch& l = *g_launch;
   auto it = l.static_shared.find(site);
   if (it == l.static_shared.end()) {
     l.static_bytes += bytes;
-    if (l.static_bytes > kMaxStaticShared) {
-      fail(l, cudaErrorInvalidValue, "static shared memory of " + std::to_string(l.static_bytes) + " bytes (array '" +
-                                         name + "') exceeds the " + std::to_string(kMaxStaticShared) +
-                                         " bytes a block may declare (kernel " + l.kernel + ")");
+    if (l.static_bytes + l.dynamic_bytes_requested > kMaxShared || l.arrays.size() > kMaxSharedArrays) {
+      fail(l, cudaErrorInvalidValue,
+           "static shared memory of " + std::to_string(l.static_bytes) + " bytes (array '" + name + "') plus " +
+               std::to_string(l.dynamic_bytes_requested) + " bytes of dynamic shared memory exceeds the " +
+               std::to_string(kMaxShared) + " bytes a block may use (kernel " + l.kernel + ")");
       park(State::kExited);
     }
-    it = l.static_shared.emplace(site, std::vector<unsigned char>(bytes + align, poison_byte())).first;
+    it = l.static_shared.emplace(site, l.arrays.size()).first;
+    place_shared(l, bytes, align, name);
   }
-  auto p = reinterpret_cast<uintptr_t>(it->second.data());
-  return reinterpret_cast<void*>((p + align - 1) / align * align);
+  return reinterpret_cast<void*>(l.arrays[it->second].begin);
 }
 
-void* dynamic_shared() { return g_launch->dynamic.data(); }
+void* dynamic_shared() { return reinterpret_cast<void*>(g_launch->arrays[0].begin); }
+
+namespace observe {
+void fail_launch(cudaError_t code, const std::string& message) {
+  Launch& l = *g_launch;
+  fail(l, code, message);
+  if (running.on) park(State::kExited);
+}
+std::string where_block() { return "kernel " + g_launch->kernel + ", block " + coords(block_idx); }
+std::string thread_coords(uint32_t thread) { return coords(g_launch->threads[thread].idx); }
+}  // namespace observe
 
 cudaError_t launch(const char* kernel, dim3 grid, dim3 block, size_t dynamic_smem, void (*body)(void*), void* ctx) {
   std::lock_guard<std::mutex> lock(g_launch_mutex);
@@ -494,15 +580,22 @@ cudaError_t launch(const char* kernel, dim3 grid, dim3 block, size_t dynamic_sme
     return set_error(cudaErrorInvalidConfiguration,
                      "grid " + std::to_string(grid.x) + "x" + std::to_string(grid.y) + "x" + std::to_string(grid.z) +
                          " (x <= 2^31-1, y and z <= 65535, none 0) for " + name);
-  if (dynamic_smem > kMaxDynamicShared)
+  if (dynamic_smem > kMaxShared)
     return set_error(cudaErrorInvalidValue, std::to_string(dynamic_smem) + " bytes of dynamic shared memory (at most " +
-                                                std::to_string(kMaxDynamicShared) + " without opting in) for " + name);
+                                                std::to_string(kMaxShared) + " without opting in) for " + name);
   const bool shuffled = random_schedule();
+  static uint64_t launches = 0;
   Launch l;
+  l.id = ++launches;
   l.kernel = name;
   l.body = body;
   l.ctx = ctx;
-  l.dynamic.assign(dynamic_smem, poison_byte());
+  l.arena.assign(kArena, 0);
+#if defined(__SANITIZE_ADDRESS__)
+  __asan_poison_memory_region(l.arena.data(), kArena);
+#endif
+  l.dynamic_bytes_requested = dynamic_smem;
+  place_shared(l, dynamic_smem, 16, "dynamic shared memory");
   l.threads.resize(threads);
   auto& pool = stack_pool();
   while (pool.size() < threads) pool.push_back(new_stack());
@@ -513,6 +606,23 @@ cudaError_t launch(const char* kernel, dim3 grid, dim3 block, size_t dynamic_sme
   block_dim = block;
   grid_dim = grid;
   g_launch = &l;
+  observe::running.launch = l.id;
+  {
+    // The kernel's arguments: the launching thread's stack above this frame.
+    static thread_local uintptr_t stack_top = 0;
+    if (!stack_top) {
+      pthread_attr_t attr;
+      void* lo = nullptr;
+      size_t size = 0;
+      pthread_getattr_np(pthread_self(), &attr);
+      pthread_attr_getstack(&attr, &lo, &size);
+      pthread_attr_destroy(&attr);
+      stack_top = reinterpret_cast<uintptr_t>(lo) + size;
+    }
+    observe::running.param_lo = reinterpret_cast<uintptr_t>(__builtin_frame_address(0));
+    observe::running.param_hi = stack_top;
+  }
+  observe::begin_launch({l.id, &l.kernel, grid, block, dynamic_smem});
   const uint64_t seed = env_seed(), id = std::hash<std::string>()(name), nth = launch_counts()[name]++;
   std::seed_seq seeds{uint32_t(seed), uint32_t(seed >> 32), uint32_t(id), uint32_t(id >> 32), uint32_t(nth),
                       uint32_t(nth >> 32)};
@@ -527,14 +637,18 @@ cudaError_t launch(const char* kernel, dim3 grid, dim3 block, size_t dynamic_sme
   for (uint64_t i = 0; i < blocks && !l.failed; ++i) {
     const uint64_t b = shuffled ? order[i] : i;
     block_idx = make_uint3(b % grid.x, (b / grid.x) % grid.y, b / (uint64_t(grid.x) * grid.y));
+    observe::begin_block(static_cast<uint32_t>(b), static_cast<uint32_t>(threads));
     run_block(l, shuffled ? &rng : nullptr);
+    observe::end_block();
   }
+  observe::end_launch(l.failed);
   g_launch = nullptr;
 #if defined(__SANITIZE_ADDRESS__)
   // A failed launch leaves fibers that never return: their frames' redzones stay poisoned on stacks the next
   // launch reuses. Clear them.
   if (l.failed)
     for (const Thread& t : l.threads) __asan_unpoison_memory_region(t.stack, kStack);
+  __asan_unpoison_memory_region(l.arena.data(), kArena);
 #endif
   if (l.failed) return set_error(l.failure.code, l.failure.detail);
   return cudaSuccess;
@@ -571,6 +685,7 @@ const char* cudaGetErrorString(cudaError_t e) {
     case cudaErrorInvalidValue: s = "invalid argument"; break;
     case cudaErrorInvalidConfiguration: s = "invalid configuration argument"; break;
     case cudaErrorAssert: s = "device-side assert triggered"; break;
+    case cudaErrorIllegalAddress: s = "an illegal memory access was encountered"; break;
     case cudaErrorIllegalInstruction: s = "an illegal instruction was encountered"; break;
     case cudaErrorLaunchFailure: s = "unspecified launch failure"; break;
     default: s = "cudaError " + std::to_string(static_cast<int>(e)); break;

@@ -50,11 +50,15 @@ def test_each_misuse_fails_its_launch_as_cuda_would_naming_the_kernel(which, sta
 
 def test_a_read_before_the_barrier_sees_poison_not_the_value():
     """Thread 0 reads a shared cell that the block's last thread (another warp) writes, with no barrier between:
-    the warps run one after the other up to a barrier, so in index order thread 0 reads the poison."""
+    the warps run one after the other up to a barrier, so in index order thread 0 reads the poison. The checked
+    build reports the read itself (initcheck: nothing wrote the cell yet)."""
     if os.environ.get("FLS_EMULATION_SCHEDULE", "ordered") != "ordered":
         pytest.skip("the read's outcome depends on the warp order, which the random schedule shuffles")
-    status, _, out = misuse(9)
-    assert status == CUDA_SUCCESS and (out[:1].view(torch.uint8) == _backend.emulated_poison_byte()).all()
+    status, message, out = misuse(9)
+    if ctypes.CDLL(_backend.EMULATION_LIBRARY).fls_emu_checks_on():
+        assert status == LAUNCH_FAILURE and "initcheck: thread [0,0,0]" in message, message
+    else:
+        assert status == CUDA_SUCCESS and (out[:1].view(torch.uint8) == _backend.emulated_poison_byte()).all()
 
 
 def test_a_valid_three_dimensional_launch_succeeds():
