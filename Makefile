@@ -9,7 +9,6 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 NVCC ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
-CUDA_ARCHS ?= 80 90
 PYTEST_ARGS ?=
 
 DATA ?=
@@ -43,13 +42,12 @@ build: $(VENV)/.deps-installed
 	$(PY) setup.py -q build_ext --inplace
 	$(PY) -m compileall -q fairseq_lightseq scripts tests examples > /dev/null
 
-# Compiles every CUDA file alone with nvcc -c for each arch, as the GPU build would; fails on any error.
+# Compiles every CUDA file alone with nvcc -c for sm_80 and sm_90, as the GPU build would; fails on any error
+# or a kernel that spills registers. Keeps ptxas's registers and shared memory per kernel for the kernel
+# profile (scripts/kernel_profile/resources.py; standard library only).
 cuda-check:
 	@if [ -z "$(NVCC)" ]; then echo "SKIP cuda-check: nvcc not found (set NVCC=...)"; exit 0; fi; \
-	set -e; for f in csrc/cuda/*.cu; do for a in $(CUDA_ARCHS); do \
-	  echo "nvcc sm_$$a $$f"; \
-	  $(NVCC) -std=c++17 -O3 -Icsrc/include -gencode arch=compute_$$a,code=sm_$$a -c $$f -o /dev/null; \
-	done; done
+	NVCC=$(NVCC) $(PYTHON) -m scripts.kernel_profile.resources
 
 # The main job; `make demo DATA=DIR` trains on a directory of raw parallel text (e.g. Multi30k).
 demo: setup
