@@ -104,6 +104,8 @@ $(EMU_CHECKED_LIB): $(patsubst %,build/emulation-checked/%.o,$(filter %.cu,$(EMU
 
 emulated: $(EMU_LIB) $(EMU_ASAN_LIB) $(EMU_CHECKED_LIB)
 
+# The kernel profile's guard (tests/ops/test_kernel_profile_guard.py) runs once more, alone, on the checked build
+# whose accesses are observed (docs/architecture.md, "The kernel profile"), when TESTS includes it.
 # Every test marked cuda_emulated, three times: threads in index order, then in a seeded random order, and
 # under AddressSanitizer beside them (the two cores run both; the end-to-end training runs, which reach no
 # kernel path the op tests do not, are left out there; --capture=sys lets an ASan report, written by C code to
@@ -124,6 +126,10 @@ test-cuda-emulated: build
 	echo "== emulated CUDA device: threads in index order"; $(EMU_PYTEST) -m cuda_emulated $(TESTS) || fail=1; \
 	echo "== emulated CUDA device: seeded random order"; \
 	FLS_EMULATION_SCHEDULE=random FLS_EMULATION_SEED=1 $(EMU_PYTEST) -m cuda_emulated $(TESTS) || fail=1; \
+	case " $(TESTS) " in *" tests "*|*kernel_profile_guard*) \
+	  echo "== kernel profile guard: the checked build (csrc/cuda/profile_floors.json)"; \
+	  FLS_KERNEL_PROFILE_GUARD=1 FLS_EMULATION_CHECKS=0 FLS_CUDA_EMULATION_LIBRARY=$(CURDIR)/$(EMU_CHECKED_LIB) \
+	    $(EMU_PYTEST) -m cuda_emulated tests/ops/test_kernel_profile_guard.py || fail=1 ;; esac; \
 	wait $$asan || fail=1; \
 	echo "== emulated CUDA device under AddressSanitizer:"; tail -n 40 $(EMU_ASAN_LOG); \
 	[ -z "$$fail" ]

@@ -1,0 +1,101 @@
+"""Proof that the kernel profile's guard bites: kernels made slow but still correct, one at a time, each
+checked by the guard (scripts/kernel_profile/guard.py) against the recorded floors.
+
+    python -m scripts.cuda_mutants --perf [--only N ...] [--json FILE]
+
+For every mutant: a copy of csrc/ with the edits of one kernel file, the emulated device's checked build (the
+one whose kernels are observed) rebuilt from that copy (the files the edit reaches; the others are
+`make emulated`'s objects), ptxas run on the changed files, and the guard run on it. One row per mutant: the
+file, the slowdown, and the guard's first finding or NOT CAUGHT. Exit status 1 when a mutant was not caught
+(or its edit no longer applies). Needs `make build emulated` and nvcc (for the occupancy and spills).
+"""
+import glob
+import os
+import subprocess
+import sys
+from typing import List, NamedTuple, Tuple
+
+from scripts.cuda_mutants import CUDA_INCLUDE, ROOT, _wait, reached, run_mutants
+
+
+class PerfMutant(NamedTuple):
+    file: str  # under csrc/cuda/
+    bug: str  # the slowdown
+    edits: List[Tuple[str, str]]  # (old, new): every occurrence of old replaced
+
+
+PERF_MUTANTS = [
+    PerfMutant("dropout.cu", "scalar loads instead of 16-byte vectors (the fast forward reads x element by element)",
+               [("const Pack<T> xv = *reinterpret_cast<const Pack<T>*>(x + e);",
+                 "Pack<T> xv;\n#pragma unroll\n    for (int j = 0; j < V; ++j) xv.v[j] = "
+                 "reinterpret_cast<const volatile T*>(x)[e + j];")]),
+    PerfMutant("layer_norm.cu", "a row-major loop turned strided (lane owns packs lane * NV + k, not lane + 32 k)",
+               [("lane + 32 * k", "lane * NV + k")]),
+    PerfMutant("column_sums.cuh", "the tile indexed column-major (16-way shared-memory bank conflicts)",
+               [("[kSumGroups][kSumCols]);", "[kSumCols][kSumGroups]);"), ("s0[g][tc] = a0;", "s0[tc][g] = a0;"),
+                ("s1[g][tc] = a1;", "s1[tc][g] = a1;"), ("t0 += s0[q][tc];", "t0 += s0[tc][q];"),
+                ("t1 += s1[q][tc];", "t1 += s1[tc][q];")]),
+    PerfMutant("dropout.cu", "a block size that halves occupancy (32-thread blocks: 32 blocks, 32 warps an SM)",
+               [("constexpr int kThreads = 256;", "constexpr int kThreads = 32;")]),
+    PerfMutant("layer_norm.cu", "a needless second read of an input (the forward reads x again for the output)",
+               [("return (xf[k][j] - mu) * rs * unpack<T>(wv[k], j) + unpack<T>(bv[k], j);",
+                 "const uint4 again = reinterpret_cast<const volatile uint4*>(x + row * cols)[lane + 32 * k];\n"
+                 "      return (unpack<T>(again, j) - mu) * rs * unpack<T>(wv[k], j) + unpack<T>(bv[k], j);")]),
+]
+
+# As the Makefile builds the checked variant (EMU_FLAGS + EMU_OBSERVE_FLAGS).
+FLAGS = ["-std=c++20", "-O2", "-fPIC", "-DFLS_CUDA_EMULATION", f"-I{CUDA_INCLUDE}", "-Icsrc/include",
+         "-Icsrc/emulation", "-fsanitize=thread", "--param=tsan-instrument-func-entry-exit=0", "-g1"]
+CHECKED = os.path.join(ROOT, "build/emulation-checked")
+PLAIN = os.path.join(ROOT, "build/emulation")
+
+
+def build(src_root: str, out: str, mutated: str, jobs: int) -> None:
+    """The checked emulated library into out: the .cu files the edit of `mutated` reaches compiled from
+    src_root's csrc/, every other object `make emulated`'s."""
+    rebuild, objs, running = reached(mutated), [], []
+    for obj in sorted(glob.glob(os.path.join(CHECKED, "**/*.cu.o"), recursive=True)):
+        rel = os.path.relpath(obj, CHECKED)[:-2]  # csrc/cuda/x.cu
+        if not (rel.startswith("csrc/cuda/") and os.path.basename(rel) in rebuild):
+            objs.append(obj)
+            continue
+        new = os.path.join(os.path.dirname(out), os.path.basename(obj))
+        running.append(subprocess.Popen(["g++", *FLAGS, "-x", "c++", "-include", "csrc/emulation/cuda_emulation.h",
+                                         "-c", os.path.join(src_root, rel), "-o", new], cwd=src_root,
+                                        stderr=subprocess.PIPE, text=True))
+        objs.append(new)
+        if len(running) >= jobs:
+            _wait(running.pop(0))
+    for p in running:
+        _wait(p)
+    objs += sorted(glob.glob(os.path.join(PLAIN, "csrc/emulation/*.cpp.o")))
+    subprocess.run(["g++", "-shared", "-o", out, *objs], check=True)
+
+
+def run_guard(lib: str, src_root: str) -> Tuple[bool, str]:
+    """(caught, by): whether the guard failed with the mutant's library and sources, and its first finding."""
+    env = dict(os.environ, FLS_CUDA_EMULATION="1", FLS_CUDA_EMULATION_LIBRARY=lib, FLS_EMULATION_CHECKS="0",
+               FLS_KERNEL_PROFILE_SOURCES=src_root, OMP_NUM_THREADS="1")
+    r = subprocess.run([sys.executable, "-m", "scripts.kernel_profile.guard"], cwd=ROOT, env=env, capture_output=True,
+                       text=True, timeout=1200)
+    lines = [x for x in r.stdout.strip().splitlines() if x]
+    if r.returncode == 1 and lines:
+        return True, lines[0] + (f" (and {len(lines) - 1} more)" if len(lines) > 1 else "")
+    if r.returncode == 0:
+        return False, ""
+    return True, f"the guard ended with status {r.returncode}: {(r.stderr or r.stdout).strip()[-300:]}"
+
+
+def main(only=None, json_path=None, jobs=2) -> int:
+    if not os.path.exists(os.path.join(PLAIN, "csrc/emulation/scheduler.cpp.o")) or not os.path.isdir(CHECKED):
+        print("cuda_mutants --perf: run `make emulated` first (the unmutated objects)", file=sys.stderr)
+        return 2
+    chosen = [(i + 1, m) for i, m in enumerate(PERF_MUTANTS) if not only or i + 1 in only]
+
+    def check(src, m):
+        lib = os.path.join(src, "lib", "_cuda_emulated_checked.so")
+        os.makedirs(os.path.dirname(lib))
+        build(src, lib, m.file, jobs)
+        return run_guard(lib, src)
+
+    return run_mutants(chosen, "performance mutants", lambda m: (m.edits, -1), check, json_path)
