@@ -22,25 +22,28 @@ class PerfMutant(NamedTuple):
     file: str  # under csrc/cuda/
     bug: str  # the slowdown
     edits: List[Tuple[str, str]]  # (old, new): every occurrence of old replaced
+    ops: str  # the ops of bench_ops whose kernels the edit reaches (the guard measures those)
 
 
+DROPOUT_OPS = "bias_dropout_residual,bias_act_dropout[gelu]"
 PERF_MUTANTS = [
     PerfMutant("dropout.cu", "scalar loads instead of 16-byte vectors (the fast forward reads x element by element)",
                [("const Pack<T> xv = *reinterpret_cast<const Pack<T>*>(x + e);",
                  "Pack<T> xv;\n#pragma unroll\n    for (int j = 0; j < V; ++j) xv.v[j] = "
-                 "reinterpret_cast<const volatile T*>(x)[e + j];")]),
+                 "reinterpret_cast<const volatile T*>(x)[e + j];")], DROPOUT_OPS),
     PerfMutant("layer_norm.cu", "a row-major loop turned strided (lane owns packs lane * NV + k, not lane + 32 k)",
-               [("lane + 32 * k", "lane * NV + k")]),
+               [("lane + 32 * k", "lane * NV + k")], "layer_norm"),
     PerfMutant("column_sums.cuh", "the tile indexed column-major (16-way shared-memory bank conflicts)",
                [("[kSumGroups][kSumCols]);", "[kSumCols][kSumGroups]);"), ("s0[g][tc] = a0;", "s0[tc][g] = a0;"),
                 ("s1[g][tc] = a1;", "s1[tc][g] = a1;"), ("t0 += s0[q][tc];", "t0 += s0[tc][q];"),
-                ("t1 += s1[q][tc];", "t1 += s1[tc][q];")]),
+                ("t1 += s1[q][tc];", "t1 += s1[tc][q];")], "layer_norm"),
     PerfMutant("dropout.cu", "a block size that halves occupancy (32-thread blocks: 32 blocks, 32 warps an SM)",
-               [("constexpr int kThreads = 256;", "constexpr int kThreads = 32;")]),
+               [("constexpr int kThreads = 256;", "constexpr int kThreads = 32;")], DROPOUT_OPS),
     PerfMutant("layer_norm.cu", "a needless second read of an input (the forward reads x again for the output)",
                [("return (xf[k][j] - mu) * rs * unpack<T>(wv[k], j) + unpack<T>(bv[k], j);",
                  "const uint4 again = reinterpret_cast<const volatile uint4*>(x + row * cols)[lane + 32 * k];\n"
-                 "      return (unpack<T>(again, j) - mu) * rs * unpack<T>(wv[k], j) + unpack<T>(bv[k], j);")]),
+                 "      return (unpack<T>(again, j) - mu) * rs * unpack<T>(wv[k], j) + unpack<T>(bv[k], j);")],
+               "layer_norm"),
 ]
 
 # As the Makefile builds the checked variant (EMU_FLAGS + EMU_OBSERVE_FLAGS).
@@ -72,11 +75,11 @@ def build(src_root: str, out: str, mutated: str, jobs: int) -> None:
     subprocess.run(["g++", "-shared", "-o", out, *objs], check=True)
 
 
-def run_guard(lib: str, src_root: str) -> Tuple[bool, str]:
+def run_guard(lib: str, src_root: str, ops: str) -> Tuple[bool, str]:
     """(caught, by): whether the guard failed with the mutant's library and sources, and its first finding."""
     env = dict(os.environ, FLS_CUDA_EMULATION="1", FLS_CUDA_EMULATION_LIBRARY=lib, FLS_EMULATION_CHECKS="0",
                FLS_KERNEL_PROFILE_SOURCES=src_root, OMP_NUM_THREADS="1")
-    r = subprocess.run([sys.executable, "-m", "scripts.kernel_profile.guard"], cwd=ROOT, env=env, capture_output=True,
+    r = subprocess.run([sys.executable, "-m", "scripts.kernel_profile.guard", "--ops", ops], cwd=ROOT, env=env, capture_output=True,
                        text=True, timeout=1200)
     lines = [x for x in r.stdout.strip().splitlines() if x]
     if r.returncode == 1 and lines:
@@ -96,6 +99,6 @@ def main(only=None, json_path=None, jobs=2) -> int:
         lib = os.path.join(src, "lib", "_cuda_emulated_checked.so")
         os.makedirs(os.path.dirname(lib))
         build(src, lib, m.file, jobs)
-        return run_guard(lib, src)
+        return run_guard(lib, src, m.ops)
 
     return run_mutants(chosen, "performance mutants", lambda m: (m.edits, -1), check, json_path)

@@ -119,7 +119,8 @@ def profile(shapes: List[str], dtypes: List[str], ops=None, sequences: int = 2) 
                                        fraction=ideal / pr.seconds if pr.seconds else None)
                     requested = sum(k["requested"] for k in kernels)
                     entry["passes"][p] = dict(
-                        ideal_bytes=nbytes[op][i], flops=f, launches=kernels, prediction=pred, traffic_ratio=ratio,
+                        ideal_bytes=nbytes[op][i], emulated_ideal_bytes=small_bytes[op][i], flops=f,
+                        launches=kernels, prediction=pred, traffic_ratio=ratio,
                         unique_ratio=unique,
                         sector_efficiency=requested / sector if sector else None)
                 rows.append(entry)
@@ -171,3 +172,41 @@ def render(result: dict) -> str:
                     out.append(f"      worst site of {k['kernel'].split('<')[0]}: {w['site']} ({w['space']} "
                                f"{'store' if w['write'] else 'load'}, {what})")
     return "\n".join(out)
+
+
+def results_rows(result: dict, shape: str = "large") -> List[dict]:
+    """benchmarks/results.csv rows (without id, date, commit, machine, load, run) of the profile at `shape`, for
+    fp16 and bf16: the predicted forward + backward time of each op on an H200 and an H100, each op's sector efficiency,
+    its traffic ratio (sector bytes over ideal bytes) and its unique ratio, the ops in bench_ops' order."""
+    out = []
+    for dtype in ("fp16", "bf16"):  # the targets' dtypes
+        rows = [r for r in result["rows"] if r["shape"] == shape and r["dtype"] == dtype]
+        if not rows:
+            continue
+        ops = " / ".join(r["op"] for r in rows)
+        where = (f"bench_ops {shape} ({bench_ops.SHAPES[shape]['tokens']} tokens), {dtype}, emulated over "
+                 f"{rows[0]['emulated_tokens']} tokens; ops {ops}")
+
+        def each(f):
+            return " / ".join(f(r) for r in rows)
+
+        def both(r, key):
+            p = [r["passes"][x] for x in ("fwd", "bwd") if r["passes"][x]["launches"]]
+            req = sum(k["requested"] for x in p for k in x["launches"])
+            sec = sum(k["sector_bytes"] for x in p for k in x["launches"])
+            uni = sum(k["unique_bytes"] for x in p for k in x["launches"])
+            small = bench_ops.ideal_bytes(dict(bench_ops.SHAPES[shape], tokens=r["emulated_tokens"]), DTYPES[dtype][1])
+            ideal = sum(small[r["op"]][x == "bwd"] for x in ("fwd", "bwd") if r["passes"][x]["launches"])
+            return {"eff": req / sec if sec else 0.0, "traffic": sec / ideal if ideal else 0.0,
+                    "unique": uni / ideal if ideal else 0.0}[key]
+
+        for gpu in ("H200", "H100"):
+            out.append(dict(shape=where, metric=f"predicted kernel time, forward + backward, {gpu}", unit="us",
+                            ls=each(lambda r: f"{sum(r['passes'][x]['prediction'][gpu]['us'] for x in ('fwd', 'bwd')):.1f}"),
+                            note="roofline of scripts/kernel_profile/roofline.py on the emulated traffic"))
+        out.append(dict(shape=where, metric="sector efficiency (requested / sector bytes), forward + backward",
+                        unit="%", ls=each(lambda r: f"{100 * both(r, 'eff'):.0f}"), note=""))
+        out.append(dict(shape=where, metric="traffic ratio (sector bytes, no reuse / ideal bytes), forward + backward",
+                        unit="x", ls=each(lambda r: f"{both(r, 'traffic'):.2f}"),
+                        note="unique ratio (every sector once): " + each(lambda r: f"{both(r, 'unique'):.2f}")))
+    return out

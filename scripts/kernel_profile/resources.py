@@ -17,6 +17,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 from concurrent.futures import ThreadPoolExecutor
 from typing import Dict, NamedTuple
 
@@ -96,7 +97,7 @@ def demangle(names):
 
 
 def _compile(src: str, arch: str, root: str) -> str:
-    print(f"nvcc {arch} {os.path.relpath(src, root)}", flush=True)
+    print(f"nvcc {arch} {os.path.relpath(src, root)}", file=sys.stderr, flush=True)
     res = subprocess.run([nvcc(), *FLAGS, "-gencode", f"arch=compute_{arch[3:]},code={arch}", "-Xptxas", "-v", "-c",
                           src, "-o", os.devnull], cwd=root, capture_output=True, text=True)
     if res.returncode != 0:
