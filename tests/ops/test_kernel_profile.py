@@ -77,3 +77,22 @@ def test_ideal_bytes_and_prediction():
     assert p.seconds == pytest.approx(p.bound + 3e-6) and 0.9 < p.fraction < 1
     # a compute-bound op: the flops' time replaces the bandwidth bound
     assert roofline.predict(h200, 1e6, 0, fp32_flops=67e9).seconds == pytest.approx(1e-3)
+
+
+def test_gpu_times_row_puts_the_prediction_beside_the_measurement():
+    """The GPU check's kernel_times step (scripts/kernel_profile/gpu_times.py) without a GPU: one pass's CUPTI
+    times and launch counts against the roofline of the device it names."""
+    from scripts.kernel_profile import gpu_times
+
+    h200 = gpu_times.gpu_of("NVIDIA H200")
+    assert h200 is roofline.GPUS["H200"] and gpu_times.gpu_of("NVIDIA A10") is None
+    nbytes = 256 * 2**20
+    kernels = {"ln_fwd_warp_kernel": (80e-6, 1.0), "memset": (2e-6, 1.0)}  # seconds and launches per call
+    row = gpu_times.compare("layer_norm", "fwd", nbytes, {}, kernels, h200)
+    assert row["launches"] == 2 and row["measured_us"] == pytest.approx(82.0)
+    assert row["predicted_us"] == pytest.approx((nbytes / 4.8e12 + 2 * 3e-6) * 1e6)
+    assert row["measured_over_predicted"] == pytest.approx(82.0 / row["predicted_us"])
+    assert list(row["kernels_us"]) == ["ln_fwd_warp_kernel", "memset"]  # longest first
+    line = gpu_times.table([dict(row, shape="large", dtype="fp16")]).splitlines()[1]
+    assert "layer_norm" in line and f"{row['measured_over_predicted']:.2f}x" in line
+    assert "-" in gpu_times.table([dict(gpu_times.compare("x", "fwd", 1, {}, kernels, None), shape="a", dtype="b")])
