@@ -117,10 +117,10 @@ __device__ __forceinline__ int acc_index(int v, int j) {
 // Block `chunk` handles rows [chunk * rows_per_chunk, +rows_per_chunk): warp w takes rows w, w + kWarps, ...
 // of the chunk (fixed order), computes dx and accumulates dy * xhat and dy per column; the warps' sums are
 // then added in warp order and written once as the chunk's partial row pw/pb[chunk, :].
-// The column sums live in shared memory, not registers: with the row's dy, x and w packs in registers, 64
-// more accumulators a lane (NV = 4 of 8 halves) took 193 registers (2 blocks of 4 warps an SM, 12.5%
-// occupancy); in shared memory (32 KB a block) the kernel fits 4 or more blocks with no spills. A lane's
-// sums are its own until the barrier, so the adds need no synchronisation.
+// The column sums live in shared memory, not registers: beside the row's dy, x and w packs, 64 more
+// accumulators a lane (NV = 4 of 8 halves) would need about 193 registers (ptxas, sm_90: 2 blocks of 4 warps
+// an SM, 12.5% occupancy); in shared memory (32 KB a block) it takes 128, 4 blocks, 25%, no spills
+// (scripts/kernel_profile). A lane's sums are its own until the barrier, so the adds need no synchronisation.
 template <typename T, int NV>
 __global__ void __launch_bounds__(kWarps * 32) ln_bwd_warp_kernel(const T* __restrict__ dy, const T* __restrict__ x,
                                                                 const T* __restrict__ w,
