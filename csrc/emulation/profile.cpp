@@ -107,8 +107,8 @@ class Profile final : public observe::Observer {
     if (has_pending_[a.thread]) {
       Access& p = pending_[a.thread];
       // the next piece of one vector access that gcc split into 4- or 8-byte moves
-      if (a.size >= 4 && a.size == piece_[a.thread] && a.addr == p.addr + p.size && p.addr / 16 == (a.addr + a.size - 1) / 16 &&
-          p.kind == a.kind && p.space == a.space && p.epoch == a.epoch) {
+      if (a.size >= 4 && a.size == piece_[a.thread] && a.addr == p.addr + p.size &&
+          p.addr / 16 == (a.addr + a.size - 1) / 16 && p.kind == a.kind && p.space == a.space && p.epoch == a.epoch) {
         p.size += a.size;
         return;
       }

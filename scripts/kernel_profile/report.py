@@ -201,8 +201,11 @@ def results_rows(result: dict, shape: str = "large") -> List[dict]:
                     "unique": uni / ideal if ideal else 0.0}[key]
 
         for gpu in ("H200", "H100"):
+            def us(r, gpu=gpu):
+                return f"{sum(x['prediction'][gpu]['us'] for x in r['passes'].values()):.1f}"
+
             out.append(dict(shape=where, metric=f"predicted kernel time, forward + backward, {gpu}", unit="us",
-                            ls=each(lambda r: f"{sum(r['passes'][x]['prediction'][gpu]['us'] for x in ('fwd', 'bwd')):.1f}"),
+                            ls=each(us),
                             note="roofline of scripts/kernel_profile/roofline.py on the emulated traffic"))
         out.append(dict(shape=where, metric="sector efficiency (requested / sector bytes), forward + backward",
                         unit="%", ls=each(lambda r: f"{100 * both(r, 'eff'):.0f}"), note=""))

@@ -150,8 +150,9 @@ def resources(root: str = ROOT, jobs: int = 2) -> Dict[str, Dict[str, Resources]
 
 def spills(table: Dict[str, Dict[str, Resources]]):
     """['arch kernel: N bytes spilled ...'] for every instance that spills registers to local memory."""
-    return [f"{arch} {name}: {r.spill_stores} bytes of spill stores, {r.spill_loads} of spill loads ({r.regs} registers)"
-            for arch, kernels in table.items() for name, r in sorted(kernels.items()) if r.spill_stores or r.spill_loads]
+    return [f"{arch} {name}: {r.spill_stores} bytes of spill stores, {r.spill_loads} of spill loads "
+            f"({r.regs} registers)" for arch, kernels in table.items() for name, r in sorted(kernels.items())
+            if r.spill_stores or r.spill_loads]
 
 
 def main() -> int:
