@@ -9,7 +9,6 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 NVCC ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
-CUDA_ARCHS ?= 80 90
 PYTEST_ARGS ?=
 
 DATA ?=
@@ -45,13 +44,12 @@ build: $(VENV)/.deps-installed
 	$(PY) setup.py -q build_ext --inplace
 	$(PY) -m compileall -q fairseq_lightseq scripts tests examples > /dev/null
 
-# Compiles every CUDA file alone with nvcc -c for each arch, as the GPU build would; fails on any error.
+# Compiles every CUDA file alone with nvcc -c for sm_80 and sm_90, as the GPU build would; fails on any error
+# or a kernel that spills registers. Keeps ptxas's registers and shared memory per kernel for the kernel
+# profile (scripts/kernel_profile/resources.py; standard library only).
 cuda-check:
 	@if [ -z "$(NVCC)" ]; then echo "SKIP cuda-check: nvcc not found (set NVCC=...)"; exit 0; fi; \
-	set -e; for f in csrc/cuda/*.cu; do for a in $(CUDA_ARCHS); do \
-	  echo "nvcc sm_$$a $$f"; \
-	  $(NVCC) -std=c++17 -O3 -Icsrc/include -gencode arch=compute_$$a,code=sm_$$a -c $$f -o /dev/null; \
-	done; done
+	NVCC=$(NVCC) $(PYTHON) -m scripts.kernel_profile.resources
 
 # The main job; `make demo DATA=DIR` trains on a directory of raw parallel text (e.g. Multi30k).
 demo: setup
@@ -108,6 +106,8 @@ $(EMU_CHECKED_LIB): $(patsubst %,build/emulation-checked/%.o,$(filter %.cu,$(EMU
 
 emulated: $(EMU_LIB) $(EMU_ASAN_LIB) $(EMU_CHECKED_LIB)
 
+# The kernel profile's guard (tests/ops/test_kernel_profile_guard.py) runs once more, alone, on the checked build
+# whose accesses are observed (docs/architecture.md, "The kernel profile"), when TESTS includes it.
 # Every test marked cuda_emulated, three times: threads in index order on the checked build (every access
 # observed: racecheck, initcheck, shared bounds, global races) with NaN poison, then on the plain build in a
 # random order (seed 1) with the finite poison (FLS_EMULATION_POISON=finite), and under AddressSanitizer beside
@@ -135,6 +135,10 @@ test-cuda-emulated: build
 	echo "== emulated CUDA device: random order (seed 1), finite poison"; \
 	FLS_EMULATION_SCHEDULE=random FLS_EMULATION_SEED=1 FLS_EMULATION_POISON=finite \
 	  $(EMU_PYTEST) -m cuda_emulated $(TESTS) || fail=1; \
+	case " $(TESTS) " in *" tests "*|*kernel_profile_guard*) \
+	  echo "== kernel profile guard: the checked build (csrc/cuda/profile_floors.json)"; \
+	  FLS_KERNEL_PROFILE_GUARD=1 FLS_EMULATION_CHECKS=0 FLS_CUDA_EMULATION_LIBRARY=$(CURDIR)/$(EMU_CHECKED_LIB) \
+	    $(EMU_PYTEST) -m cuda_emulated tests/ops/test_kernel_profile_guard.py || fail=1 ;; esac; \
 	wait $$asan || fail=1; \
 	echo "== emulated CUDA device under AddressSanitizer:"; tail -n 40 $(EMU_ASAN_LOG); \
 	[ -z "$$fail" ]

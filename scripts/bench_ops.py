@@ -117,6 +117,30 @@ class BiasInLinear(torch.autograd.Function):
         return dy, dy.sum(dim=tuple(range(dy.dim() - 1)))
 
 
+def ideal_bytes(s, e):
+    """{op name: (forward bytes, backward bytes)} at shape `s` with `e` bytes an element: what each op must
+    move, every input read once and every output written once (the yardstick of the bandwidth columns here
+    and of scripts/kernel_profile's traffic ratio and prediction)."""
+    N, C, Fd, H, T, V = s["tokens"], s["hidden"], s["ffn"], s["heads"], s["seq"], s["vocab"]
+    B = N // T
+    L = T - T // 8  # the packed rows' sentence length (varlen_attention)
+    scores = B * H * T * T
+    return {
+        "layer_norm": (2 * N * C * e, 3 * N * C * e),
+        "bias_dropout_residual": (3 * N * C * e, 2 * N * C * e),
+        "dropout": (2 * N * C * e, 2 * N * C * e),
+        "bias_act_dropout[relu]": (2 * N * Fd * e, 3 * N * Fd * e),
+        "bias_act_dropout[gelu]": (2 * N * Fd * e, 3 * N * Fd * e),
+        "attention_softmax_dropout": (3 * scores * e, 3 * scores * e),
+        "attention_softmax_dropout_bmm": (3 * scores * e, 5 * scores * e),
+        "qkv_bias_split": (2 * 3 * N * C * e, 2 * 3 * N * C * e),
+        "merge_heads": (2 * N * C * e, 2 * N * C * e),
+        "varlen_attention": (4 * B * L * C * e, 8 * B * L * C * e),
+        # backward: read the gradient, write every row of the dense table gradient once
+        "embedding": (2 * N * C * e, (N + V) * C * e),
+    }
+
+
 def cases(s, device, dtype):
     """(name, inputs, grad_out, ours, reference, composition, bytes_fwd, bytes_bwd) per op."""
     g = torch.Generator().manual_seed(0)
@@ -126,7 +150,7 @@ def cases(s, device, dtype):
 
     N, C, Fd, H, T, V = s["tokens"], s["hidden"], s["ffn"], s["heads"], s["seq"], s["vocab"]
     B = N // T
-    e = torch.finfo(dtype).bits // 8
+    nbytes = ideal_bytes(s, torch.finfo(dtype).bits // 8)
     seed = 1234
     out = []
 
@@ -134,27 +158,27 @@ def cases(s, device, dtype):
     out.append(("layer_norm", (x, w, b), rnd(N, C, grad=False),
                 lambda x, w, b: ops.layer_norm(x, w, b),
                 lambda x, w, b: reference.layer_norm(x, w, b),
-                lambda x, w, b: F.layer_norm(x, (C,), w, b, 1e-5), 2 * N * C * e, 3 * N * C * e))
+                lambda x, w, b: F.layer_norm(x, (C,), w, b, 1e-5), *nbytes["layer_norm"]))
 
     r = rnd(N, C)
     out.append(("bias_dropout_residual", (x, b, r), rnd(N, C, grad=False),
                 lambda x, b, r: ops.bias_dropout_residual(x, b, r, P),
                 lambda x, b, r: reference.bias_dropout_residual(x, b, r, P, seed),
-                lambda x, b, r: r + F.dropout(BiasInLinear.apply(x, b), P), 3 * N * C * e, 2 * N * C * e))
+                lambda x, b, r: r + F.dropout(BiasInLinear.apply(x, b), P), *nbytes["bias_dropout_residual"]))
 
     # plain dropout (--layernorm-embedding's): the keep mask drawn by the dropout_mask kernel, then one
     # multiply; backward draws the mask again
     out.append(("dropout", (x,), rnd(N, C, grad=False),
                 lambda x: ops.dropout(x, P),
                 lambda x: reference.dropout(x, P, seed),
-                lambda x: F.dropout(x, P), 2 * N * C * e, 2 * N * C * e))
+                lambda x: F.dropout(x, P), *nbytes["dropout"]))
 
     h, hb = rnd(N, Fd), rnd(Fd)
     for act, fn in (("relu", F.relu), ("gelu", F.gelu)):
         out.append((f"bias_act_dropout[{act}]", (h, hb), rnd(N, Fd, grad=False),
                     lambda x, b, act=act: ops.bias_act_dropout(x, b, P, act),
                     lambda x, b, act=act: reference.bias_act_dropout(x, b, P, act, seed),
-                    lambda x, b, fn=fn: F.dropout(fn(BiasInLinear.apply(x, b)), P), 2 * N * Fd * e, 3 * N * Fd * e))
+                    lambda x, b, fn=fn: F.dropout(fn(BiasInLinear.apply(x, b)), P), *nbytes[f"bias_act_dropout[{act}]"]))
 
     sc = rnd(B, H, T, T)
     kpm = torch.zeros(B, T, dtype=torch.bool, device=device)
@@ -168,7 +192,7 @@ def cases(s, device, dtype):
     out.append(("attention_softmax_dropout", (sc,), rnd(B, H, T, T, grad=False),
                 lambda s_: ops.attention_softmax_dropout(s_, kpm, False, scale, P),
                 lambda s_: reference.attention_softmax_dropout(s_, kpm, False, scale, P, seed),
-                softmax_comp, 3 * sc.numel() * e, 3 * sc.numel() * e))
+                softmax_comp, *nbytes["attention_softmax_dropout"]))
 
     # probabilities times v in one node: backward draws the dropped probabilities again (one more pass
     # over [B, H, T, T]) instead of keeping them; the composition keeps them, as autograd does
@@ -176,7 +200,7 @@ def cases(s, device, dtype):
     out.append(("attention_softmax_dropout_bmm", (sc, v), rnd(B, H, T, C // H, grad=False),
                 lambda s_, v_: ops.attention_softmax_dropout_bmm(s_, v_, kpm, False, scale, P),
                 lambda s_, v_: torch.matmul(reference.attention_softmax_dropout(s_, kpm, False, scale, P, seed), v_),
-                lambda s_, v_: torch.matmul(softmax_comp(s_), v_), 3 * sc.numel() * e, 5 * sc.numel() * e))
+                lambda s_, v_: torch.matmul(softmax_comp(s_), v_), *nbytes["attention_softmax_dropout_bmm"]))
 
     qkv, qb = rnd(T, B, 3 * C), rnd(3 * C)
 
@@ -193,13 +217,13 @@ def cases(s, device, dtype):
     out.append(("qkv_bias_split", (qkv, qb), tuple(rnd(B * H, T, C // H, grad=False) for _ in range(3)),
                 lambda t, bias: ops.qkv_bias_split(t, bias, H),
                 lambda t, bias: reference.qkv_bias_split(t, bias, H),
-                split_comp, 2 * 3 * N * C * e, 2 * 3 * N * C * e))
+                split_comp, *nbytes["qkv_bias_split"]))
 
     o = rnd(B * H, T, C // H)
     out.append(("merge_heads", (o,), rnd(T, B, C, grad=False),
                 lambda t: ops.merge_heads(t, H),
                 lambda t: reference.merge_heads(t, H),
-                lambda t: t.transpose(0, 1).contiguous().view(T, B, C), 2 * N * C * e, 2 * N * C * e))
+                lambda t: t.transpose(0, 1).contiguous().view(T, B, C), *nbytes["merge_heads"]))
 
     # attention over packed rows: the same batch without its padding (every sentence T - T/8 tokens), against
     # fairseq's padded composition (pad, q k^T, masked softmax, dropout, @ v, unpad)
@@ -217,7 +241,7 @@ def cases(s, device, dtype):
     out.append(("varlen_attention", (pq, pk, pv), rnd(B * L, H, C // H, grad=False),
                 lambda q_, k_, v_: ops.varlen_attention(q_, k_, v_, cu, cu, L, L, False, scale, P),
                 lambda q_, k_, v_: reference.varlen_attention(q_, k_, v_, cu, cu, L, L, False, scale, P, seed),
-                varlen_comp, 4 * B * L * C * e, 8 * B * L * C * e))
+                varlen_comp, *nbytes["varlen_attention"]))
 
     tok = torch.randint(2, V, (B, T), generator=g).to(device)
     tok[:, : T // 8] = 1  # left padding, pad index 1 (fairseq's)
@@ -233,15 +257,14 @@ def cases(s, device, dtype):
     out.append(("embedding", (W,), rnd(B, T, C, grad=False),
                 lambda w_: ops.embedding(tok, w_, pos_table, 1, emb_scale, P),
                 lambda w_: reference.embedding(tok, w_, pos_table, 1, emb_scale, P, seed),
-                # backward: read the gradient, write every row of the dense table gradient once
-                emb_comp, 2 * N * C * e, (N + V) * C * e))
+                emb_comp, *nbytes["embedding"]))
     return out
 
 
-def kernel_times(fn, repeats=10):
-    """CUDA only: {kernel name: device seconds per fn() call} for the kernels, memsets and copies fn
-    launches (CUPTI records, via torch.profiler), averaged over `repeats` calls after one warm-up
-    call. Host time (Python, launch gaps) is not in it."""
+def kernel_launches(fn, repeats=10):
+    """CUDA only: {kernel name: (device seconds, launches) per fn() call} for the kernels, memsets and copies
+    fn launches (CUPTI records, via torch.profiler), averaged over `repeats` calls after one warm-up call.
+    Host time (Python, launch gaps) is not in it."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
@@ -251,11 +274,17 @@ def kernel_times(fn, repeats=10):
         for _ in range(repeats):
             fn()
         torch.cuda.synchronize()
-    times = {}
+    out = {}
     for e in prof.events():
         if e.device_type == DeviceType.CUDA:
-            times[e.name] = times.get(e.name, 0.0) + e.time_range.elapsed_us() / 1e6 / repeats
-    return times
+            t, n = out.get(e.name, (0.0, 0.0))
+            out[e.name] = (t + e.time_range.elapsed_us() / 1e6 / repeats, n + 1 / repeats)
+    return out
+
+
+def kernel_times(fn, repeats=10):
+    """CUDA only: {kernel name: device seconds per fn() call} (see kernel_launches)."""
+    return {name: t for name, (t, _) in kernel_launches(fn, repeats).items()}
 
 
 def kernel_seconds(fn, repeats=10):

@@ -2,6 +2,8 @@
 against the emulated tests that cover it.
 
     python -m scripts.cuda_mutants [--only N ...] [--json FILE]
+    python -m scripts.cuda_mutants --perf [--only N ...] [--json FILE]   (slow but correct kernels against the
+                                                                         kernel profile's guard: its own module)
 
 For every mutant: a copy of csrc/ with one edit of one kernel file, an emulated library rebuilt from that copy
 (the files the edit reaches; the others are `make emulated`'s objects), and `pytest -m cuda_emulated -x` over
@@ -123,6 +125,21 @@ VARIANTS = {
 CHECKS = r"\[emulated: (racecheck|initcheck|synccheck|bounds|global race)"
 
 
+def mutated_tree(src: str, file: str, edits, count: int) -> bool:
+    """A copy of csrc/ at src with each (old, new) of `edits` applied to csrc/cuda/`file` (the first `count`
+    occurrences; -1: all); False, leaving the file as it was, when an edit does not apply."""
+    for sub in ("csrc/cuda", "csrc/include", "csrc/kernels", "csrc/emulation"):
+        shutil.copytree(os.path.join(ROOT, sub), os.path.join(src, sub))
+    path = os.path.join(src, "csrc/cuda", file)
+    text = open(path).read()
+    if any(old not in text for old, _ in edits):
+        return False
+    for old, new in edits:
+        text = text.replace(old, new, count)
+    open(path, "w").write(text)
+    return True
+
+
 def reached(mutated: str) -> set:
     """The .cu files of csrc/cuda that include `mutated` (a file name there), directly or through headers."""
     names, grew = {mutated}, True
@@ -203,7 +220,12 @@ def main(argv=None) -> int:
     ap.add_argument("--only", type=int, nargs="*", help="mutant numbers (1-based) to run; default all")
     ap.add_argument("--json", help="write the rows here")
     ap.add_argument("--jobs", type=int, default=2, help="parallel compiles")
+    ap.add_argument("--perf", action="store_true", help="the performance mutants (scripts/kernel_profile/mutants.py)")
     args = ap.parse_args(argv)
+    if args.perf:
+        from scripts.kernel_profile import mutants
+
+        return mutants.main(args.only, args.json, args.jobs)
     if not os.path.exists(os.path.join(CUDA_INCLUDE, "cuda_runtime.h")):
         print(f"cuda_mutants: CUDA's headers are not in {CUDA_INCLUDE} (set CUDA_INCLUDE)", file=sys.stderr)
         return 2
@@ -211,51 +233,58 @@ def main(argv=None) -> int:
         print("cuda_mutants: run `make emulated` first (the unmutated objects)", file=sys.stderr)
         return 2
     chosen = [(i + 1, m) for i, m in enumerate(MUTANTS) if not args.only or i + 1 in args.only]
+
+    def check(src, m):
+        lib = os.path.join(src, "checked", "_cuda_emulated.so")
+        os.makedirs(os.path.dirname(lib))
+        build(src, lib, m.file, args.jobs, "checked")
+        caught, by = run_tests(lib, m.tests, "ordered", asan=False)
+        # A process that died (a heap the mutant corrupted) was caught by luck, not by a check: the
+        # AddressSanitizer build says what happened.
+        died = by if by.startswith("the test process") else ""
+        if not caught or died:
+            lib = os.path.join(src, "asan", "_cuda_emulated.so")
+            os.makedirs(os.path.dirname(lib))
+            build(src, lib, m.file, args.jobs, "asan")
+            caught, by = run_tests(lib, m.tests, "ordered", asan=True)
+            by = f"{by} (AddressSanitizer build)" if caught and "AddressSanitizer" not in by else by
+            if not caught:
+                caught, by = run_tests(lib, m.tests, "random", asan=True)
+                by = f"{by} (AddressSanitizer build, random schedule)" if caught else by
+            if not caught and died:
+                caught, by = True, f"{died} (checked build)"
+        return caught, by
+
+    return run_mutants(chosen, "mutants", lambda m: ([(m.old, m.new)], 1), check, args.json)
+
+
+def run_mutants(chosen, what: str, edits_of, check, json_path) -> int:
+    """Each (n, mutant) of `chosen` (a `file` and a `bug` each) in a mutated copy of csrc/ (edits_of(m): the edits
+    and how many occurrences of each to replace), checked by check(src, m) -> (caught, by); prints a row per
+    mutant and writes them to json_path under `what`. 1 when one was not caught or its edit does not apply."""
     rows, missed = [], 0
     print(f"{'#':>2}  {'file':22} bug / caught by")
     with tempfile.TemporaryDirectory(prefix="fls-mutants-") as tmp:
         for n, m in chosen:
             t0 = time.time()
             src = os.path.join(tmp, f"m{n}")
-            for sub in ("csrc/cuda", "csrc/include", "csrc/kernels", "csrc/emulation"):
-                shutil.copytree(os.path.join(ROOT, sub), os.path.join(src, sub))
-            path = os.path.join(src, "csrc/cuda", m.file)
-            text = open(path).read()
-            if m.old not in text:
+            if not mutated_tree(src, m.file, *edits_of(m)):
                 row = dict(n=n, file=m.file, bug=m.bug, caught_by="EDIT DOES NOT APPLY")
                 missed += 1
             else:
-                open(path, "w").write(text.replace(m.old, m.new, 1))
-                lib = os.path.join(src, "checked", "_cuda_emulated.so")
-                os.makedirs(os.path.dirname(lib))
-                build(src, lib, m.file, args.jobs, "checked")
-                caught, by = run_tests(lib, m.tests, "ordered", asan=False)
-                # A process that died (a heap the mutant corrupted) was caught by luck, not by a check: the
-                # AddressSanitizer build says what happened.
-                died = by if by.startswith("the test process") else ""
-                if not caught or died:
-                    lib = os.path.join(src, "asan", "_cuda_emulated.so")
-                    os.makedirs(os.path.dirname(lib))
-                    build(src, lib, m.file, args.jobs, "asan")
-                    caught, by = run_tests(lib, m.tests, "ordered", asan=True)
-                    by = f"{by} (AddressSanitizer build)" if caught and "AddressSanitizer" not in by else by
-                    if not caught:
-                        caught, by = run_tests(lib, m.tests, "random", asan=True)
-                        by = f"{by} (AddressSanitizer build, random schedule)" if caught else by
-                    if not caught and died:
-                        caught, by = True, f"{died} (checked build)"
+                caught, by = check(src, m)
                 row = dict(n=n, file=m.file, bug=m.bug, caught_by=by if caught else "NOT CAUGHT")
                 missed += not caught
             row["seconds"] = round(time.time() - t0, 1)
             rows.append(row)
             print(f"{n:>2}  {m.file:22} {m.bug}\n{'':26}{row['caught_by']}", flush=True)
             shutil.rmtree(src)
-    print(f"{len(rows) - missed} of {len(rows)} mutants caught")
-    if args.json:
+    print(f"{len(rows) - missed} of {len(rows)} {what} caught")
+    if json_path:
         from scripts.bench_support.provenance import commit
 
-        with open(args.json, "w") as f:
-            json.dump({**commit(ROOT), "mutants": rows}, f, indent=1)
+        with open(json_path, "w") as f:
+            json.dump({**commit(ROOT), what.replace(" ", "_"): rows}, f, indent=1)
     return 1 if missed else 0
 
 

@@ -69,6 +69,7 @@ bench_attention  first   20   60  py      -m scripts.bench_attention --device cu
 tests_rest       first   30  120  pytest  -m cuda $TESTS_REST
 bench_criterion  first   15   40  py      -m scripts.bench_criterion --device cuda
 bench_optimizer  first   10   30  py      -m scripts.bench_optimizer --device cuda
+kernel_times     first   15   45  py      -m scripts.kernel_profile.gpu_times --shapes base,large --dtype fp16 --json $OUT_DIR/kernel_times.json
 benchmark_lm     second 150  220  py      -m scripts.benchmark --family lm --device cuda --warmup 20 --steps 50 --rounds 1 --json $OUT_DIR/benchmark_lm.json
 benchmark_roberta second 100 180  py      -m scripts.benchmark --family roberta --device cuda --warmup 20 --steps 50 --rounds 1 --json $OUT_DIR/benchmark_roberta.json
 benchmark_bart   second 100  180  py      -m scripts.benchmark --family bart --device cuda --warmup 20 --steps 50 --rounds 1 --json $OUT_DIR/benchmark_bart.json

@@ -105,33 +105,47 @@ __global__ void __launch_bounds__(kWarps * 32) ln_fwd_warp_kernel(const T* __res
   }
 }
 
-// Block `chunk` handles rows [chunk * rows_per_chunk, +rows_per_chunk): warp w takes rows w, w + kWarps, ...
-// of the chunk (fixed order), computes dx and accumulates dy * xhat and dy per column in registers; the
-// warps' sums are then added in warp order and written once as the chunk's partial row pw/pb[chunk, :].
+// Where lane `v % 32` keeps its running sum of element j of pack v (NV packs a lane): element-major, so the 32
+// lanes adding element j of their packs hit 32 banks, and the pack index XORed with j * (32 / N) (a
+// permutation within each 32 packs), so the 32 threads summing 32 consecutive columns at the end do too.
 template <typename T, int NV>
-__global__ void __launch_bounds__(kWarps * 32, 1) ln_bwd_warp_kernel(const T* __restrict__ dy, const T* __restrict__ x,
-                                                                   const T* __restrict__ w,
-                                                                   const float* __restrict__ mean,
-                                                                   const float* __restrict__ rstd,
-                                                                   T* __restrict__ dx, float* __restrict__ pw,
-                                                                   float* __restrict__ pb, int64_t rows, int cols,
-                                                                   int64_t rows_per_chunk) {
+__device__ __forceinline__ int acc_index(int v, int j) {
   constexpr int N = Pack<T>::kN;
-  FLS_SHARED(float, red, [kWarps][kMaxFastCols]);
+  return j * 32 * NV + (v ^ (j * (32 / N)));
+}
+
+// Block `chunk` handles rows [chunk * rows_per_chunk, +rows_per_chunk): warp w takes rows w, w + kWarps, ...
+// of the chunk (fixed order), computes dx and accumulates dy * xhat and dy per column; the warps' sums are
+// then added in warp order and written once as the chunk's partial row pw/pb[chunk, :].
+// The column sums live in shared memory, not registers: beside the row's dy, x and w packs, 64 more
+// accumulators a lane (NV = 4 of 8 halves) would need about 193 registers (ptxas, sm_90: 2 blocks of 4 warps
+// an SM, 12.5% occupancy); in shared memory (32 KB a block) it takes 128, 4 blocks, 25%, no spills
+// (scripts/kernel_profile). A lane's sums are its own until the barrier, so the adds need no synchronisation.
+template <typename T, int NV>
+__global__ void __launch_bounds__(kWarps * 32) ln_bwd_warp_kernel(const T* __restrict__ dy, const T* __restrict__ x,
+                                                                const T* __restrict__ w,
+                                                                const float* __restrict__ mean,
+                                                                const float* __restrict__ rstd,
+                                                                T* __restrict__ dx, float* __restrict__ pw,
+                                                                float* __restrict__ pb, int64_t rows, int cols,
+                                                                int64_t rows_per_chunk) {
+  constexpr int N = Pack<T>::kN;
+  FLS_SHARED(float, acc, [2][kWarps][kMaxFastCols]);  // [0]: dy * xhat, [1]: dy
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int nvec = cols / N;
   const float inv_n = 1.f / static_cast<float>(cols);
   const int64_t chunk = blockIdx.x;
   const int64_t r0 = chunk * rows_per_chunk;
   const int64_t r1 = r0 + rows_per_chunk < rows ? r0 + rows_per_chunk : rows;
+  float* aw = acc[0][warp];
+  float* ab = acc[1][warp];
   uint4 wv[NV];
-  float aw[NV][N], ab[NV][N];
 #pragma unroll
   for (int k = 0; k < NV; ++k) {
     const int v = lane + 32 * k;
     wv[k] = v < nvec ? reinterpret_cast<const uint4*>(w)[v] : make_uint4(0u, 0u, 0u, 0u);
 #pragma unroll
-    for (int j = 0; j < N; ++j) aw[k][j] = ab[k][j] = 0.f;
+    for (int j = 0; j < N; ++j) aw[acc_index<T, NV>(v, j)] = ab[acc_index<T, NV>(v, j)] = 0.f;
   }
   for (int64_t row = r0 + warp; row < r1; row += kWarps) {
     const uint4* dyr = reinterpret_cast<const uint4*>(dy + row * cols);
@@ -152,8 +166,8 @@ __global__ void __launch_bounds__(kWarps * 32, 1) ln_bwd_warp_kernel(const T* __
         const float g = d * unpack<T>(wv[k], j);
         sg += g;
         sgx += g * xh;
-        aw[k][j] += d * xh;
-        ab[k][j] += d;
+        aw[acc_index<T, NV>(v, j)] += d * xh;
+        ab[acc_index<T, NV>(v, j)] += d;
       }
     }
     sg = warp_sum(sg) * inv_n;
@@ -164,26 +178,17 @@ __global__ void __launch_bounds__(kWarps * 32, 1) ln_bwd_warp_kernel(const T* __
       return rs * (g - sg - xh * sgx);
     });
   }
-  // Two rounds through the shared buffer: dweight partials, then dbias partials.
+  __syncthreads();
+  for (int c = threadIdx.x; c < cols; c += blockDim.x) {
+    const int i = acc_index<T, NV>(c / N, c % N);
+    float sw = 0.f, sb = 0.f;
 #pragma unroll
-  for (int round = 0; round < 2; ++round) {
-#pragma unroll
-    for (int k = 0; k < NV; ++k) {
-      const int v = lane + 32 * k;
-      if (v < nvec) {
-#pragma unroll
-        for (int j = 0; j < N; ++j) red[warp][v * N + j] = round == 0 ? aw[k][j] : ab[k][j];
-      }
+    for (int q = 0; q < kWarps; ++q) {
+      sw += acc[0][q][i];
+      sb += acc[1][q][i];
     }
-    __syncthreads();
-    float* out = (round == 0 ? pw : pb) + chunk * cols;
-    for (int c = threadIdx.x; c < cols; c += blockDim.x) {
-      float s = 0.f;
-#pragma unroll
-      for (int q = 0; q < kWarps; ++q) s += red[q][c];
-      out[c] = s;
-    }
-    __syncthreads();  // the buffer is rewritten by the next round
+    pw[chunk * cols + c] = sw;
+    pb[chunk * cols + c] = sb;
   }
 }
 

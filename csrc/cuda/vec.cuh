@@ -36,9 +36,11 @@ __device__ __forceinline__ float unpack<__nv_bfloat16>(const uint4& u, int j) {
   return __bfloat162float(__ushort_as_bfloat16(static_cast<unsigned short>(word(u, j >> 1) >> ((j & 1) * 16))));
 }
 
-// All kN elements of u as floats.
+// All kN elements of u as floats. u by value: a caller's `unpack<T>(p[i], f)` reads p[i] once, as one 16-byte
+// load, before unpacking (by reference the host compiler of the emulated device reads the words one by one,
+// each twice, and the kernel profile would count that).
 template <typename T>
-__device__ __forceinline__ void unpack(const uint4& u, float (&f)[Pack<T>::kN]) {
+__device__ __forceinline__ void unpack(const uint4 u, float (&f)[Pack<T>::kN]) {
 #pragma unroll
   for (int j = 0; j < Pack<T>::kN; ++j) f[j] = unpack<T>(u, j);
 }
