@@ -11,7 +11,8 @@
 // Forward makes two passes over the row: an online max/sum, then the write of y (and of the dropped
 // copy). The dropout mask comes from Philox groups of 4 stream elements (philox.h), one group per
 // thread-step, so each Philox block is computed once; backward regenerates it instead of reading a
-// stored mask. attention_dropout (y -> the dropped copy again, for backward) uses the general layout only.
+// stored mask. attention_dropout (y -> the dropped copy again, for backward) has its own vector path: one
+// 16-byte vector of a row a thread (Tk % V == 0, aligned pointers), else the general layout.
 #include <type_traits>
 
 #include "../kernels/attention.h"
@@ -111,17 +112,6 @@ __global__ void softmax_bwd_kernel(const T* __restrict__ dout, const T* __restri
   });
 }
 
-// out = factor * y: the dropped probabilities regenerated for backward (one block per row, any Tk).
-template <typename T>
-__global__ void dropout_rows_kernel(const T* __restrict__ y, T* __restrict__ out, int64_t Tk, DropoutParams d,
-                                    AttentionCoords c) {
-  const int64_t row = blockIdx.x;
-  const T* yr = y + row * Tk;
-  T* outr = out + row * Tk;
-  for_each_key(d.offset + attention_row_stream(c, row), Tk, d,
-               [&](int64_t j, float factor) { outr[j] = from_float<T>(factor * to_float(yr[j])); });
-}
-
 // ---------------------------------------------------------------------------------------------
 // 16-byte vector fast path.
 
@@ -136,6 +126,33 @@ __device__ __forceinline__ uint32_t keep_bits(uint64_t s, const DropoutParams& d
   for (int i = 0; i < N / 4; ++i) bits |= dropout_keep4(g0 + i, d) << (4 * i);
   if (a != 0) bits |= dropout_keep4(g0 + N / 4, d) << N;
   return bits >> a;
+}
+
+// out = factor * y: the dropped probabilities regenerated for backward (one block per row, any Tk). With
+// kVec (Tk % V == 0, y and out 16-byte aligned) a thread takes V consecutive keys as one 16-byte vector,
+// their keep bits from keep_bits (any row start in the stream); otherwise one Philox group a thread-step.
+template <typename T, bool kVec>
+__global__ void dropout_rows_kernel(const T* __restrict__ y, T* __restrict__ out, int64_t Tk, DropoutParams d,
+                                    AttentionCoords c) {
+  const int64_t row = blockIdx.x;
+  const T* yr = y + row * Tk;
+  T* outr = out + row * Tk;
+  const uint64_t s0 = d.offset + attention_row_stream(c, row);
+  if (kVec) {
+    constexpr int V = Pack<T>::kN;
+    const uint4* yv = reinterpret_cast<const uint4*>(yr);
+    uint4* ov = reinterpret_cast<uint4*>(outr);
+    for (int64_t v = threadIdx.x; v < Tk / V; v += blockDim.x) {
+      const uint32_t bits = keep_bits<V>(s0 + static_cast<uint64_t>(v) * V, d);
+      float f[V];
+      unpack<T>(yv[v], f);
+#pragma unroll
+      for (int j = 0; j < V; ++j) f[j] *= ((bits >> j) & 1u) ? d.scale : 0.0f;
+      ov[v] = pack<T>(f);
+    }
+    return;
+  }
+  for_each_key(s0, Tk, d, [&](int64_t j, float factor) { outr[j] = from_float<T>(factor * to_float(yr[j])); });
 }
 
 // Dropout multiplier of element q of a vector whose keep bits are `keep`: 1 when dropout is off.
@@ -384,9 +401,14 @@ int attention_softmax_bwd(const AttentionSoftmaxBwdParams& p, void* stream) {
 int attention_dropout(const AttentionDropoutParams& p, void* stream) {
   if (p.rows == 0 || p.Tk == 0 || p.drop.threshold == 0) return 0;
   auto s = static_cast<cudaStream_t>(stream);
-  FLS_CUDA_DISPATCH(p.dtype, using U = scalar_t;
-                    launch<dropout_rows_kernel<U>>(static_cast<unsigned>(p.rows), softmax_threads(p.Tk), 0, s,
-                        static_cast<const U*>(p.y), static_cast<U*>(p.out), p.Tk, p.drop, p.coords));
+  const bool vec = aligned16(p.y) && aligned16(p.out);
+  FLS_CUDA_DISPATCH(p.dtype, using U = scalar_t; const U* y = static_cast<const U*>(p.y); U* out = static_cast<U*>(p.out);
+                    const unsigned grid = static_cast<unsigned>(p.rows); const int threads = softmax_threads(p.Tk);
+                    if (vec && p.Tk % Pack<U>::kN == 0) {
+                      launch<dropout_rows_kernel<U, true>>(grid, threads, 0, s, y, out, p.Tk, p.drop, p.coords);
+                    } else {
+                      launch<dropout_rows_kernel<U, false>>(grid, threads, 0, s, y, out, p.Tk, p.drop, p.coords);
+                    });
   FLS_CUDA_RETURN_LAST_ERROR();
 }
 

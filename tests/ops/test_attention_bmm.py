@@ -23,6 +23,7 @@ CASES = [
     (2, 2, 7, 7, 8, False, True),
     (2, 1, 5, 3, 4, False, True),  # Tq > Tk: the first rows see no key -> zeros
     (1, 2, 3, 130, 16, True, True),
+    (2, 2, 3, 24, 8, False, True),  # Tk a whole number of 16-byte vectors: attention_dropout's vector path
 ]
 # SP-style coordinates: these scores are heads 1.., queries 4.., keys 0.. of a larger problem
 COORDS = [None, ops.AttentionCoords(5, 1, 20, 4, 200, 0)]
