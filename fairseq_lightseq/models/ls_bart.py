@@ -33,6 +33,7 @@ from fairseq.models.bart.model import BARTModel
 from fairseq.models.transformer import TransformerModel
 from torch import nn
 
+from ..errors import ConfigurationError
 from ..sequence_parallel import options as sequence_parallel_options
 from . import common
 from .common import LSModelMixin, check_supported, register_architectures
@@ -50,7 +51,8 @@ def check(args) -> None:
 
 
 def check_encoder_decoder_state(state_dict) -> None:
-    """ValueError when `state_dict` (a checkpoint's "model") is not an encoder-decoder model's."""
+    """ConfigurationError (a refusal: one line, exit 1) when `state_dict` (a checkpoint's "model") is not an
+    encoder-decoder model's."""
     keys = list(state_dict)
     if any(k.startswith("encoder.sentence_encoder.") for k in keys):
         held = "an encoder-only model's (RoBERTa: encoder.sentence_encoder.*; --arch roberta / ls_roberta)"
@@ -60,8 +62,8 @@ def check_encoder_decoder_state(state_dict) -> None:
         held = "not an encoder-decoder model's (no encoder.embed_tokens / decoder.embed_tokens)"
     else:
         return
-    raise ValueError(f"{NAME}: the checkpoint's weights are {held}; a BART/mBART checkpoint (--arch bart_*, mbart_*, "
-                     f"ls_bart_*, ls_mbart_*) is needed")
+    raise ConfigurationError(f"{NAME}: the checkpoint's weights are {held}; a BART/mBART checkpoint (--arch "
+                             f"bart_*, mbart_*, ls_bart_*, ls_mbart_*) is needed")
 
 
 @register_model(NAME)
@@ -130,7 +132,7 @@ class LSBARTModel(LSModelMixin, BARTModel):
 
     def load_state_dict(self, state_dict, strict=True, model_cfg=None, args=None):
         """fairseq's load (its upgrades first: heads, the <mask> row, mBART's language rows), after a check that
-        `state_dict` is an encoder-decoder's: ValueError naming what it holds instead (a RoBERTa's
+        `state_dict` is an encoder-decoder's: a refusal naming what it holds instead (a RoBERTa's
         encoder.sentence_encoder.*, a language model's decoder only), where fairseq's BART upgrade would
         stop at a missing key."""
         check_encoder_decoder_state(state_dict)

@@ -2,7 +2,8 @@
 unreadable checkpoint) with its one-line message on stderr and exit status 1, instead of a traceback.
 
 Where: the refusal is raised inside fairseq's `main` (model, criterion or optimizer build, checkpoint
-loading), whose caller, the console script, the plugin cannot wrap. What every such process does
+loading, where fairseq may re-raise it as an exception of its own: the refusal is then that one's context),
+whose caller, the console script, the plugin cannot wrap. What every such process does
 with an exception nobody caught is `sys.excepthook`, so that is what is replaced: for a refusal it
 writes `PROG: error: MESSAGE` (PROG the command's name, as argparse and `python -m
 fairseq_lightseq.export_ctranslate2` write theirs) and Python then exits 1, as for any uncaught
@@ -39,10 +40,15 @@ def _refusal_names():
 
 
 def refusal_message(exc: BaseException) -> Optional[str]:
-    """The message of `exc` when it is a refusal, raised in this process or in a rank that
+    """The message of `exc` when it is a refusal, raised in this process (also where fairseq re-raised it as
+    another exception: trainer.load_checkpoint turns whatever the model's load_state_dict raised into
+    "Cannot load model parameters from checkpoint ...", with the refusal as its context) or in a rank that
     torch.multiprocessing.spawn started (its ProcessRaisedException); else None."""
-    if isinstance(exc, Refusal):
-        return str(exc)
+    seen = exc
+    while seen is not None:
+        if isinstance(seen, Refusal):
+            return str(seen)
+        seen = seen.__cause__ or seen.__context__
     if not isinstance(exc, ProcessRaisedException):
         return None
     lines = [line for line in str(exc).splitlines() if line.strip()]

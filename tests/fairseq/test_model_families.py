@@ -9,7 +9,7 @@ import re
 import pytest
 
 from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_REGISTRY, MODEL_REGISTRY
-from fairseq_lightseq.errors import ConfigurationError
+from fairseq_lightseq.errors import ConfigurationError, Refusal
 from fairseq_lightseq.models.families import FAMILIES, family_of
 from fairseq_lightseq.models.ls_bart import check_encoder_decoder_state
 
@@ -75,7 +75,7 @@ def refusal_messages():
     for arch in FAMILIES["masked_lm"].architectures:
         yield refusal(FAMILIES["masked_lm"].check, arch_args(arch, mha_heads_to_keep=2))
     for state in ({"encoder.sentence_encoder.x": 0}, {"decoder.x": 0}, {"encoder.x": 0}):
-        with pytest.raises(ValueError) as e:
+        with pytest.raises(Refusal) as e:  # one line and exit 1 from fairseq's commands, no traceback
             check_encoder_decoder_state(state)
         yield str(e.value)
 

@@ -41,6 +41,20 @@ def test_a_refusal_gives_its_message_here_and_from_a_spawned_rank(error):
     assert refusal_message(from_a_spawned_rank(error)) == str(error)
 
 
+def test_a_refusal_that_fairseq_re_raised_as_its_own_exception_gives_its_message():
+    """fairseq's trainer.load_checkpoint re-raises whatever the model's load_state_dict raised as
+    Exception("Cannot load model parameters from checkpoint ..."): the refusal is its context."""
+    refusal = ConfigurationError("ls_bart: the checkpoint's weights are a decoder-only model's")
+    try:
+        try:
+            raise refusal
+        except Exception:
+            raise Exception("Cannot load model parameters from checkpoint c.pt; please ensure that the "
+                            "architectures match.")
+    except Exception as wrapped:  # noqa: BLE001
+        assert refusal_message(wrapped) == str(refusal)
+
+
 @pytest.mark.parametrize("error", [ValueError("ls_transformer: not ours"), RuntimeError("x: y"), KeyError("k")])
 def test_other_exceptions_are_not_refusals(error):
     assert refusal_message(raised(error)) is None
