@@ -63,7 +63,8 @@ def extension():
     # builds): math calls need not set errno, so loops with sqrtf vectorise (Adam); results are the same.
     cxx = ["-O3", "-std=c++20", "-fopenmp", "-fno-math-errno"] + cpu_arch_flags()
     defines = [("FLS_TORCH_VERSION", '"%s"' % torch.__version__)]
-    srcs = sources("csrc/module.cpp") + sources("csrc/ops/*.cpp") + sources("csrc/cpu/*.cpp")
+    # csrc/*.cpp: the module (registration) and the emulated device's poisoned allocator
+    srcs = sources("csrc/*.cpp") + sources("csrc/ops/*.cpp") + sources("csrc/cpu/*.cpp")
     include_dirs = [os.path.join(HERE, "csrc/include")]
     if not cuda:
         return cpp_extension.CppExtension(

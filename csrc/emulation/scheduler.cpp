@@ -23,7 +23,7 @@
 // Launches are serialised (one at a time in the process), and counted per kernel (fls_emu_launch_counts).
 //
 // Memory no kernel wrote yet is poison: the shared memory of a block when it starts, and (through
-// fls::cuda::emulation_poison_byte, csrc/ops/poisoned_allocator.cpp) every tensor the op layer allocates on
+// fls::cuda::emulation_poison_byte, csrc/poisoned_allocator.cpp) every tensor the op layer allocates on
 // the emulated device. FLS_EMULATION_POISON=nan (the default) repeats the byte 0xff, a NaN in every float
 // type; =finite repeats 0x7b, a huge finite number in every float type (1.3e36 in fp32 and bf16, 60768 in
 // fp16), which fmaxf or a comparison does not absorb as they absorb a NaN.
@@ -719,7 +719,7 @@ namespace fls {
 namespace cuda {
 // The marker the op layer looks for (csrc/kernels/cuda_launcher.h) before it switches the emulated device on.
 bool emulated_device() { return true; }
-// The poison the op layer fills its allocations with on the emulated device (csrc/ops/poisoned_allocator.cpp).
+// The poison the op layer fills its allocations with on the emulated device (csrc/poisoned_allocator.cpp).
 unsigned char emulation_poison_byte() { return fls_emu::poison_byte(); }
 }  // namespace cuda
 }  // namespace fls

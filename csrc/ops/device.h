@@ -32,7 +32,7 @@ struct CpuOrEmulated<Cpu, Cuda> {
 #define FLS_CPU_IMPL(op) (&::fls::CpuOrEmulated<&op##_cpu, &op##_cuda>::call)
 
 // From the first switch of the emulated device on: every CPU allocation made while it is on is poisoned
-// (csrc/ops/poisoned_allocator.cpp), so an output element a kernel leaves unwritten fails its test.
+// (csrc/poisoned_allocator.cpp), so an output element a kernel leaves unwritten fails its test.
 void poison_emulated_allocations();
 
 // The current stream of t's device as the launchers take it (a cudaStream_t as void*; none on the emulated

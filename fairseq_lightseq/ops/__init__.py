@@ -15,8 +15,8 @@ import sys
 from . import reference  # noqa: F401
 from . import dropout_stream  # noqa: F401
 from . import blocks  # noqa: F401
-from ._backend import (BUILD_INFO, LIBRARY_FILE, LOAD_ERROR, NAMESPACE, autocast_on, has_kernel,  # noqa: F401
-                       registered_ops, use_kernel)
+from ._backend import (BUILD_INFO, LIBRARY_FILE, LOAD_ERROR, NAMESPACE, autocast_on, emulated_cuda,  # noqa: F401
+                       has_kernel, registered_ops, use_kernel)
 from .dropout_stream import NO_DROPOUT, SITE_BITS, Dropout, draw, next_seed  # noqa: F401
 from .reference.attention import AttentionCoords  # noqa: F401  (the coords type the attention op takes)
 from . import _groups

@@ -73,10 +73,10 @@ def op_launches(shape: dict, dtype, ops=None, sequences: int = 2) -> Dict[str, D
     the emulated device (dtype a torch dtype)."""
     import torch
 
-    from fairseq_lightseq.ops import _backend
+    from fairseq_lightseq.ops import emulated_cuda
 
     out = {}
-    with _backend.emulated_cuda():
+    with emulated_cuda():
         for name, inputs, grad_out, ours, _ref, _comp, _bf, _bb in bench_ops.cases(reduced(shape, sequences), "cpu",
                                                                                   dtype):
             if ops and name not in ops:

@@ -9,7 +9,7 @@
 
 #include <cstring>
 
-#include "device.h"
+#include "ops/device.h"
 
 namespace fls {
 namespace cuda {
