@@ -199,20 +199,25 @@ def run_tests(lib: str, tests: List[str], schedule: str, asan: bool) -> tuple:
     # the output rather than pytest's capture file, which the aborting process never reads back.
     r = subprocess.run([sys.executable, "-m", "pytest", "-v", "-x", "--capture=sys", "-p", "no:cacheprovider", "-m",
                         "cuda_emulated", *tests], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
-    if r.returncode == 0:
-        return False, ""
-    failed = re.findall(r"^FAILED (\S+)", r.stdout, re.M)
+    return (False, "") if r.returncode == 0 else (True, first_failure(r.stdout, r.stderr, r.returncode))
+
+
+def first_failure(stdout: str, stderr: str, returncode: int) -> str:
+    """What failed a pytest run (`pytest -v -x`): the first failed test (with the emulated check that failed it,
+    where one did), else the test AddressSanitizer stopped in, else how the process ended."""
+    # a test id may hold spaces (its parameters): pytest ends the summary line's id at " - " (the message)
+    failed = re.findall(r"^FAILED (.+?)(?: - .*)?$", stdout, re.M)
     if failed:
-        check = re.search(CHECKS, r.stdout)
-        return True, f"{failed[0]} ({check.group(1)})" if check else failed[0]
-    asan = re.search(r"ERROR: AddressSanitizer: ([\w-]+)", r.stderr)
+        check = re.search(CHECKS, stdout)
+        return f"{failed[0]} ({check.group(1)})" if check else failed[0]
+    asan = re.search(r"ERROR: AddressSanitizer: ([\w-]+)", stderr)
     if asan:
-        running = re.findall(r"^(tests/\S+::\S+)", r.stdout, re.M)
-        return True, f"AddressSanitizer ({asan.group(1)}) in {running[-1] if running else 'a test'}"
-    if r.returncode < 0:
-        return True, f"the test process died (signal {-r.returncode})"
-    last = (r.stdout + r.stderr).strip().splitlines()
-    return True, last[-1][:200] if last else f"the test process ended with status {r.returncode}, printing nothing"
+        running = re.findall(r"^(tests/\S+::.+?)(?: (?:PASSED|FAILED|SKIPPED|ERROR)\b.*)?$", stdout, re.M)
+        return f"AddressSanitizer ({asan.group(1)}) in {running[-1].strip() if running else 'a test'}"
+    if returncode < 0:
+        return f"the test process died (signal {-returncode})"
+    last = (stdout + stderr).strip().splitlines()
+    return last[-1][:200] if last else f"the test process ended with status {returncode}, printing nothing"
 
 
 def main(argv=None) -> int:
