@@ -62,7 +62,7 @@ def add_results(rows, run: str):
     machine = (f"{cpu} VM, {os.cpu_count()} vCPU, torch {torch.__version__}, "
                f"fairseq-fixed {metadata.version('fairseq-fixed')}")
     with open(path, "a", newline="") as f:
-        w = csv.DictWriter(f, columns)
+        w = csv.DictWriter(f, columns, lineterminator="\n")  # the file's own line ends
         for i, r in enumerate(rows, last + 1):
             w.writerow({c: "" for c in columns} | r | dict(
                 id=f"r{i}", date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"), commit=commit,
