@@ -41,7 +41,9 @@ P = 0.1  # dropout probability used everywhere (fairseq's usual 0.1 attention/ac
 
 # The public ops of fairseq_lightseq.ops that cases() does not time, and the script that does (None: not
 # a training op). Every other public op needs an entry in cases(): tests/ops/test_bench_ops.py fails
-# for an op group added without one.
+# for an op group added without one. cases(elsewhere=True) adds the loss and the Adam step for the kernel
+# profile (scripts/kernel_profile/), whose table covers every kernel of csrc/cuda; the linear loss launches the
+# same two loss kernels on each chunk of its logits (its GEMMs are cuBLAS's), so it has no case of its own.
 TIMED_ELSEWHERE = {
     "adam_step": "scripts/bench_optimizer.py",
     "label_smoothed_cross_entropy": "scripts/bench_criterion.py",
@@ -118,9 +120,9 @@ class BiasInLinear(torch.autograd.Function):
 
 
 def ideal_bytes(s, e):
-    """{op name: (forward bytes, backward bytes)} at shape `s` with `e` bytes an element: what each op must
-    move, every input read once and every output written once (the yardstick of the bandwidth columns here
-    and of scripts/kernel_profile's traffic ratio and prediction)."""
+    """{op name: (forward bytes, backward bytes)} at shape `s` with `e` bytes an element, (step bytes,) for the
+    Adam step: what each op must move, every input read once and every output written once (the yardstick of the
+    bandwidth columns here and of scripts/kernel_profile's traffic ratio and prediction)."""
     N, C, Fd, H, T, V = s["tokens"], s["hidden"], s["ffn"], s["heads"], s["seq"], s["vocab"]
     B = N // T
     L = T - T // 8  # the packed rows' sentence length (varlen_attention)
@@ -138,11 +140,37 @@ def ideal_bytes(s, e):
         "varlen_attention": (4 * B * L * C * e, 8 * B * L * C * e),
         # backward: read the gradient, write every row of the dense table gradient once
         "embedding": (2 * N * C * e, (N + V) * C * e),
+        # forward: the logits read once, the targets (int64), the loss, nll and logsumexp written (fp32 a row);
+        # backward: the logits read once and their gradient written once, the targets, dloss, dnll and lse
+        "label_smoothed_cross_entropy": (N * V * e + 20 * N, 2 * N * V * e + 20 * N),
+        # one pass, the step: params, exp_avg and exp_avg_sq (fp32) read and written, the gradient (e bytes) read
+        "adam_step": ((24 + e) * adam_params(s),),
     }
 
 
-def cases(s, device, dtype):
-    """(name, inputs, grad_out, ours, reference, composition, bytes_fwd, bytes_bwd) per op."""
+def adam_shapes(s):
+    """The parameter shapes the Adam step updates at shape `s`: scripts/bench_optimizer.py's Transformer at the
+    shape's widths, a shared [vocab, hidden] embedding and 6 encoder and 6 decoder layers (Transformer-big's 210M
+    parameters in 257 tensors at big and large, Transformer-base's 61M at base). With s["adam_sample"] (the
+    emulated device's, scripts/kernel_profile/launches.py): one encoder layer's, every kind of tensor the model
+    has (the embedding table is one more matrix, and the kernel's chunks of any tensor are alike)."""
+    from scripts.bench_optimizer import layer_shapes, transformer_big_shapes
+
+    if s.get("adam_sample"):
+        return layer_shapes(s["hidden"], s["ffn"])[0]
+    return transformer_big_shapes(6, s["vocab"], s["hidden"], s["ffn"])
+
+
+def adam_params(s) -> int:
+    """The parameter count of adam_shapes(s)."""
+    return sum(math.prod(x) for x in adam_shapes(s))
+
+
+def cases(s, device, dtype, elsewhere=False):
+    """(name, inputs, grad_out, ours, reference, composition, bytes_fwd, bytes_bwd) per op; elsewhere: also the
+    loss and the Adam step of TIMED_ELSEWHERE (the kernel profile's). An op without a backward (the Adam step,
+    which updates its tensors in place) has grad_out None: its one pass is ours(*inputs), bytes_fwd its bytes and
+    bytes_bwd None."""
     g = torch.Generator().manual_seed(0)
 
     def rnd(*shape, grad=True):
@@ -258,6 +286,43 @@ def cases(s, device, dtype):
                 lambda w_: ops.embedding(tok, w_, pos_table, 1, emb_scale, P),
                 lambda w_: reference.embedding(tok, w_, pos_table, 1, emb_scale, P, seed),
                 emb_comp, *nbytes["embedding"]))
+    if elsewhere:
+        out += _elsewhere_cases(s, device, dtype, nbytes)
+    return out
+
+
+def _elsewhere_cases(s, device, dtype, nbytes):
+    """cases()' entries for the loss and the Adam step. Their tensors are made on the device without a generator:
+    at large the logits are [65536, 32000] and the Adam step's tensors 4 x 210M elements, which the CPU generator
+    and the copy would spend much of the GPU check's kernel_times step on (gpu_times.py, 45 s); the kernels'
+    traffic does not depend on the values."""
+    from fairseq.criterions.label_smoothed_cross_entropy import label_smoothed_nll_loss
+
+    N, V = s["tokens"], s["vocab"]
+    eps, pad = 0.1, 1  # fairseq's usual label smoothing and padding index
+    logits = torch.randn(N, V, device=device, dtype=dtype).requires_grad_()
+    tgt = torch.randint(pad + 1, V, (N,), device=device)  # no padding: every row is read and written
+
+    def loss_comp(z):  # fairseq's criterion: log_softmax in fp32, then its label-smoothed loss per token
+        return label_smoothed_nll_loss(torch.log_softmax(z.float(), -1), tgt, eps, ignore_index=pad,
+                                       reduce=False)[0].view(-1)
+
+    out = [("label_smoothed_cross_entropy", (logits,), torch.rand(N, device=device),
+            lambda z: ops.label_smoothed_cross_entropy(z, tgt, eps, pad)[0],
+            lambda z: reference.label_smoothed_cross_entropy(z, tgt, eps, pad)[0],
+            loss_comp, *nbytes["label_smoothed_cross_entropy"])]
+
+    # fp32 params and Adam state, grads in `dtype` (fp32 under fairseq's --fp16/--bf16, whose fp32 master params
+    # get fp32 grads; the run's dtype under --memory-efficient-fp16/bf16)
+    shapes = adam_shapes(s)
+    p, g = ([torch.randn(x, device=device, dtype=t) for x in shapes] for t in (torch.float32, dtype))
+    m, v = ([torch.zeros(x, device=device) for x in shapes] for _ in range(2))
+    args = (10, 1e-4, 0.9, 0.98, 1e-8, 0.01)  # step (past the first), lr, betas, eps, weight decay: bench_optimizer's
+    out.append(("adam_step", (p, g, m, v), None,
+                lambda *t: ops.adam_step(*t, *args),
+                lambda *t: reference.adam_step(*t, *args),
+                None,  # fairseq's adam keeps its own state per parameter: scripts/bench_optimizer.py times it
+                *nbytes["adam_step"], None))
     return out
 
 

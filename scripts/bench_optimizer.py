@@ -19,12 +19,20 @@ from fairseq_lightseq import ops
 from fairseq_lightseq.optim import FusedAdam
 
 
-def transformer_big_shapes(layers, vocab, d=1024, ffn=4096):
+def layer_shapes(d=1024, ffn=4096):
+    """The parameter shapes of one encoder layer and of one decoder layer: the attention projections' and the FFN's
+    weights [out, in] and biases [out], the layer norms' weights and biases [d]."""
     linear = lambda o, i: [(o, i), (o,)]  # noqa: E731
     attn = sum((linear(d, d) for _ in range(4)), [])
     ln = [(d,), (d,)]
     enc = attn + ln + linear(ffn, d) + linear(d, ffn) + ln
     dec = attn + ln + attn + ln + linear(ffn, d) + linear(d, ffn) + ln
+    return enc, dec
+
+
+def transformer_big_shapes(layers, vocab, d=1024, ffn=4096):
+    enc, dec = layer_shapes(d, ffn)
+    ln = [(d,), (d,)]
     return [(vocab, d)] + enc * layers + ln + dec * layers + ln
 
 

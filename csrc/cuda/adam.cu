@@ -6,6 +6,7 @@
 #include "../kernels/adam.h"
 #include "dtype.cuh"
 #include "launch.cuh"
+#include "vec.cuh"
 
 namespace fls {
 namespace cuda {
@@ -13,10 +14,21 @@ namespace {
 
 constexpr int kThreads = 256;
 
-template <typename T>
-struct alignas(4 * sizeof(T)) Vec4 {
-  T v[4];
-};
+// The 4 gradients at g (16-byte aligned for fp32, 8 for fp16/bf16) as floats, from one vector load of 32-bit
+// words: a struct of four 2-byte elements would be read one element at a time by the emulated device's host
+// compiler, four 2-byte requests a lane in the kernel profile where nvcc makes one.
+template <typename G>
+__device__ __forceinline__ void load4(const G* g, float (&f)[4]) {
+  uint4 u;
+  if constexpr (sizeof(G) == 4) {
+    u = *reinterpret_cast<const uint4*>(g);
+  } else {
+    const uint2 w = *reinterpret_cast<const uint2*>(g);
+    u = make_uint4(w.x, w.y, 0u, 0u);
+  }
+#pragma unroll
+  for (int j = 0; j < 4; ++j) f[j] = unpack<G>(u, j);
+}
 
 template <typename G>
 __global__ void __launch_bounds__(kThreads) adam_kernel(const AdamTensor* __restrict__ tensors,
@@ -39,11 +51,12 @@ __global__ void __launch_bounds__(kThreads) adam_kernel(const AdamTensor* __rest
       float4 pv = *reinterpret_cast<const float4*>(p + i);
       float4 mv = *reinterpret_cast<const float4*>(m + i);
       float4 vv = *reinterpret_cast<const float4*>(v + i);
-      const Vec4<G> gv = *reinterpret_cast<const Vec4<G>*>(g + i);
-      adam_update(pv.x, mv.x, vv.x, to_float(gv.v[0]), c);
-      adam_update(pv.y, mv.y, vv.y, to_float(gv.v[1]), c);
-      adam_update(pv.z, mv.z, vv.z, to_float(gv.v[2]), c);
-      adam_update(pv.w, mv.w, vv.w, to_float(gv.v[3]), c);
+      float gv[4];
+      load4(g + i, gv);
+      adam_update(pv.x, mv.x, vv.x, gv[0], c);
+      adam_update(pv.y, mv.y, vv.y, gv[1], c);
+      adam_update(pv.z, mv.z, vv.z, gv[2], c);
+      adam_update(pv.w, mv.w, vv.w, gv[3], c);
       *reinterpret_cast<float4*>(p + i) = pv;
       *reinterpret_cast<float4*>(m + i) = mv;
       *reinterpret_cast<float4*>(v + i) = vv;

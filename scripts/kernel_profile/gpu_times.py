@@ -1,6 +1,7 @@
-"""On a GPU: each op's kernels of scripts/bench_ops.py timed (device time from CUPTI, forward and backward
-apart), beside the time the kernel profile's roofline predicts for that GPU from the op's ideal bytes and the
-launches counted (a step of scripts/gpu_check.sh, so that a lent GPU calibrates the model in the same call).
+"""On a GPU: each op's kernels of scripts/bench_ops.py, the loss and the Adam step included, timed (device time
+from CUPTI, forward and backward apart; the Adam step's one pass), beside the time the kernel profile's roofline
+predicts for that GPU from the op's ideal bytes and the launches counted (a step of scripts/gpu_check.sh, so that
+a lent GPU calibrates the model in the same call).
 
     python -m scripts.kernel_profile.gpu_times [--shapes base,large] [--dtype fp16] [--ops ...] [--json FILE]
 
@@ -76,17 +77,21 @@ def main(argv=None):
         for shape in shapes:
             s = bench_ops.SHAPES[shape]
             nbytes, flops = bench_ops.ideal_bytes(s, elem), op_flops(s)
-            for op, inputs, grad_out, ours, *_ in bench_ops.cases(s, "cuda", dtype):
+            for op, inputs, grad_out, ours, *_ in bench_ops.cases(s, "cuda", dtype, elsewhere=True):
                 if ops and op not in ops:
                     continue
-                y = ours(*inputs)
-                leaves = [t for t in inputs if isinstance(t, torch.Tensor) and t.requires_grad]
-                for p, fn in (("fwd", lambda: ours(*inputs)),
-                              ("bwd", lambda: torch.autograd.grad(y, leaves, grad_out, retain_graph=True))):
+                if grad_out is None:  # the Adam step: one pass, in place
+                    passes = (("step", lambda: ours(*inputs)),)
+                else:
+                    y = ours(*inputs)
+                    leaves = [t for t in inputs if isinstance(t, torch.Tensor) and t.requires_grad]
+                    passes = (("fwd", lambda: ours(*inputs)),
+                              ("bwd", lambda: torch.autograd.grad(y, leaves, grad_out, retain_graph=True)))
+                for i, (p, fn) in enumerate(passes):  # ideal_bytes' order
                     k = bench_ops.kernel_launches(fn, args.repeats)
-                    row = compare(op, p, nbytes[op][p == "bwd"], flops.get(op, {}).get(p, {}), k, gpu)
+                    row = compare(op, p, nbytes[op][i], flops.get(op, {}).get(p, {}), k, gpu)
                     rows.append(dict(row, shape=shape, dtype=dname))
-                del y
+                y = passes = None  # the graph and its saved tensors
                 torch.cuda.empty_cache()
     print(table(rows))
     if args.json:

@@ -1,10 +1,10 @@
-"""The CI guard of the kernel profile: every op of scripts/bench_ops.py at a small shape on the emulated device's
-checked build, each kernel's sector efficiency, worst shared-memory bank conflict and theoretical occupancy,
-and each op's traffic ratio, against the floors recorded in csrc/cuda/profile_floors.json; and no kernel
-spilling registers (ptxas, sm_90 and sm_80).
+"""The CI guard of the kernel profile: every op of scripts/bench_ops.py (the loss and the Adam step included) at a
+small shape on the emulated device's checked build, each kernel's sector efficiency, worst shared-memory bank
+conflict and theoretical occupancy, and each op's traffic ratio, against the floors recorded in
+csrc/cuda/profile_floors.json; and no kernel spilling registers (ptxas, sm_90 and sm_80).
 
     python -m scripts.kernel_profile.guard [--ops A,B]   check (exit 1 naming each kernel below its floor)
-    python -m scripts.kernel_profile.guard --write       record today's figures as the floors
+    python -m scripts.kernel_profile.guard --write       record today's figures of every op as the floors
 
 A change that makes a kernel better rewrites the floors with --write (the diff shows what improved); one that
 makes it worse fails tests/ops/test_kernel_profile_guard.py, and `python -m scripts.cuda_mutants --perf`
@@ -42,15 +42,15 @@ def measure(ops=None) -> dict:
         table = res.resources(root=os.environ.get("FLS_KERNEL_PROFILE_SOURCES", ROOT))
     except FileNotFoundError:  # no nvcc (make cuda-check says SKIP too): no occupancy to check
         table = {}
-    kernels, ops = {}, {}
+    kernels, traffic = {}, {}
     for op, passes in launches_mod.op_launches(s, torch.float16, ops, sequences=SEQUENCES).items():
-        for p, ls in passes.items():
+        for i, (p, ls) in enumerate(passes.items()):  # ideal_bytes' order: fwd, bwd; or the one step
             rows = [kernel_row(x, table) for x in ls]
             if any(not r["observed"] for r in rows):
                 raise RuntimeError("the loaded emulated library observes no accesses: load the checked build "
                                    "(FLS_CUDA_EMULATION_LIBRARY=fairseq_lightseq/_cuda_emulated_checked.so)")
             sector = sum(r["sector_bytes"] for r in rows)
-            ops.setdefault(op, {})[p] = round(sector / ideal[op][p == "bwd"], 3)
+            traffic.setdefault(op, {})[p] = round(sector / ideal[op][i], 3)
             for r in rows:
                 k = kernels.setdefault(template(r["kernel"]), {})
                 if r["sector_efficiency"] is not None:
@@ -59,7 +59,7 @@ def measure(ops=None) -> dict:
                     k["bank_conflict"] = max(k.get("bank_conflict", 1.0), r["worst_bank_conflict"])
                 if r.get("sm_90"):
                     k["occupancy_sm_90"] = min(k.get("occupancy_sm_90", 1.0), r["sm_90"]["occupancy"])
-    return dict(kernels=kernels, ops=ops)
+    return dict(kernels=kernels, ops=traffic)
 
 
 def compare(floors: dict, now: dict) -> List[str]:
@@ -98,7 +98,7 @@ def spills(root: str = ROOT) -> List[str]:
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     ops = argv[argv.index("--ops") + 1].split(",") if "--ops" in argv else None
-    now = measure(ops)
+    now = measure(None if "--write" in argv else ops)  # the floors are of every op
     if "--write" in argv:
         doc = {"about": "the kernel profile's floors (scripts/kernel_profile/guard.py; rewrite with --write): per "
                         "kernel template the worst sector efficiency, theoretical occupancy on sm_90 and shared-memory "

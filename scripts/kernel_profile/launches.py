@@ -1,12 +1,14 @@
-"""The kernel launches of each op of scripts/bench_ops.py, forward and backward, as the launchers make them:
+"""The kernel launches of each op of scripts/bench_ops.py (its cases with elsewhere=True: the loss and the Adam step
+too), forward and backward (the Adam step: its one pass, "step"), as the launchers make them:
 the ops run on the emulated CUDA device, whose profile observer (csrc/emulation/profile.cpp) writes every launch
 (kernel instance, grid, block, dynamic shared memory and, in the checked build, its memory requests) to
 FLS_EMULATION_PROFILE.
 
 The emulated device runs a kernel on one CPU core, so the ops run at their shape's widths (hidden, ffn, heads,
 sequence length, vocabulary: what picks the kernel instance and its block) over `sequences` sequences instead
-of the shape's token count. The block and shared memory of a launch, and so its occupancy, do not depend on
-the token count; the grid does (the grids reported are those of the reduced shape).
+of the shape's token count, and the Adam step over one encoder layer's parameters instead of the model's. The
+block and shared memory of a launch, and so its occupancy, do not depend on the token count or the parameter
+count; the grid does (the grids reported are those of the reduced shape).
 Needs FLS_CUDA_EMULATION=1 set before fairseq_lightseq is imported, and `make emulated`; the requests need the
 checked build (FLS_CUDA_EMULATION_LIBRARY=fairseq_lightseq/_cuda_emulated_checked.so).
 """
@@ -64,13 +66,14 @@ def recorded(fn) -> List[Launch]:
 
 
 def reduced(shape: dict, sequences: int) -> dict:
-    """The shape with `sequences` sequences of its length instead of its token count."""
-    return dict(shape, tokens=min(shape["tokens"], sequences * shape["seq"]))
+    """The shape with `sequences` sequences of its length instead of its token count, and the Adam step's sample
+    of its parameters (one encoder layer's: bench_ops.adam_shapes)."""
+    return dict(shape, tokens=min(shape["tokens"], sequences * shape["seq"]), adam_sample=True)
 
 
 def op_launches(shape: dict, dtype, ops=None, sequences: int = 2) -> Dict[str, Dict[str, List[Launch]]]:
-    """{op: {"fwd": [Launch], "bwd": [Launch]}} of bench_ops' cases at `shape` over `sequences` sequences, on
-    the emulated device (dtype a torch dtype)."""
+    """{op: {"fwd": [Launch], "bwd": [Launch]}} of bench_ops' cases (elsewhere=True) at `shape` over `sequences`
+    sequences, on the emulated device (dtype a torch dtype); {"step": [Launch]} for an op without a backward."""
     import torch
 
     from fairseq_lightseq.ops import emulated_cuda
@@ -78,8 +81,11 @@ def op_launches(shape: dict, dtype, ops=None, sequences: int = 2) -> Dict[str, D
     out = {}
     with emulated_cuda():
         for name, inputs, grad_out, ours, _ref, _comp, _bf, _bb in bench_ops.cases(reduced(shape, sequences), "cpu",
-                                                                                  dtype):
+                                                                                  dtype, elsewhere=True):
             if ops and name not in ops:
+                continue
+            if grad_out is None:
+                out[name] = {"step": recorded(lambda: ours(*inputs))}
                 continue
             box = {}
             fwd = recorded(lambda: box.setdefault("y", ours(*inputs)))

@@ -1,4 +1,5 @@
-"""The profile of bench_ops' ops (launches, resources, occupancy, prediction) as data, and its table."""
+"""The profile of bench_ops' ops, the loss and the Adam step included (launches, resources, occupancy, prediction)
+as data, and its table."""
 from typing import Dict, List
 
 from scripts import bench_ops
@@ -100,8 +101,9 @@ def profile(shapes: List[str], dtypes: List[str], ops=None, sequences: int = 2) 
             nbytes, small_bytes, flops = bench_ops.ideal_bytes(s, elem), bench_ops.ideal_bytes(small, elem), op_flops(s)
             for op, passes in seen[key].items():
                 entry = dict(op=op, shape=shape, dtype=dname, emulated_tokens=small["tokens"], passes={})
-                for p, ls in passes.items():
-                    i = 0 if p == "fwd" else 1
+                if "step" in passes:  # the Adam step's sample is of the parameters, not the tokens
+                    entry["emulated_params"] = bench_ops.adam_params(small)
+                for i, (p, ls) in enumerate(passes.items()):  # ideal_bytes' order: fwd, bwd; or the one step
                     kernels = [kernel_row(x, resources) for x in ls]
                     sector = sum(k["sector_bytes"] for k in kernels)
                     ratio = sector / small_bytes[op][i] if small_bytes[op][i] else None
@@ -143,7 +145,9 @@ def render(result: dict) -> str:
     then per pass the traffic against the ideal bytes and the prediction, and the sites that waste most."""
     out = []
     for e in result["rows"]:
-        out.append(f"\n== {e['op']}  {e['shape']}  {e['dtype']}  (emulated over {e['emulated_tokens']} tokens)")
+        sample = (f"{e['emulated_params'] / 1e6:.1f}M parameters" if "emulated_params" in e
+                  else f"{e['emulated_tokens']} tokens")
+        out.append(f"\n== {e['op']}  {e['shape']}  {e['dtype']}  (emulated over {sample})")
         out.append(f"  {'pass':4s} {'kernel':46s} {'block':>5s} {'smem':>6s} {'regs':>4s} {'spill':>5s} "
                    f"{'occ90':>5s} {'occ80':>5s} {'sect.eff':>8s} {'bank':>5s}  limit (sm_90)")
         for p, d in e["passes"].items():
@@ -177,7 +181,8 @@ def render(result: dict) -> str:
 def results_rows(result: dict, shape: str = "large") -> List[dict]:
     """benchmarks/results.csv rows (without id, date, commit, machine, load, run) of the profile at `shape`, for
     fp16 and bf16: the predicted forward + backward time of each op on an H200 and an H100, each op's sector efficiency,
-    its traffic ratio (sector bytes over ideal bytes) and its unique ratio, the ops in bench_ops' order."""
+    its traffic ratio (sector bytes over ideal bytes) and its unique ratio, the ops in bench_ops' order (the Adam
+    step's one pass stands for forward + backward)."""
     out = []
     for dtype in ("fp16", "bf16"):  # the targets' dtypes
         rows = [r for r in result["rows"] if r["shape"] == shape and r["dtype"] == dtype]
@@ -191,12 +196,11 @@ def results_rows(result: dict, shape: str = "large") -> List[dict]:
             return " / ".join(f(r) for r in rows)
 
         def both(r, key):
-            p = [r["passes"][x] for x in ("fwd", "bwd") if r["passes"][x]["launches"]]
+            p = [x for x in r["passes"].values() if x["launches"]]
             req = sum(k["requested"] for x in p for k in x["launches"])
             sec = sum(k["sector_bytes"] for x in p for k in x["launches"])
             uni = sum(k["unique_bytes"] for x in p for k in x["launches"])
-            small = bench_ops.ideal_bytes(dict(bench_ops.SHAPES[shape], tokens=r["emulated_tokens"]), DTYPES[dtype][1])
-            ideal = sum(small[r["op"]][x == "bwd"] for x in ("fwd", "bwd") if r["passes"][x]["launches"])
+            ideal = sum(x["emulated_ideal_bytes"] for x in p)
             return {"eff": req / sec if sec else 0.0, "traffic": sec / ideal if ideal else 0.0,
                     "unique": uni / ideal if ideal else 0.0}[key]
 

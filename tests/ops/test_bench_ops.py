@@ -40,6 +40,25 @@ def test_every_public_op_is_benchmarked():
         assert os.path.isfile(os.path.join(REPO, script)), script
 
 
+def test_elsewhere_cases_are_timed_elsewhere_and_have_ideal_bytes_per_pass():
+    """cases(elsewhere=True), the kernel profile's list, adds only ops of TIMED_ELSEWHERE; every case has its ideal
+    bytes, one count per pass (forward and backward, or the one pass of an op without a backward), and runs."""
+    s = bench_ops.SHAPES["tiny"]
+    every = bench_ops.cases(s, "cpu", torch.float32, elsewhere=True)
+    extra = {c[0] for c in every} - OPS
+    assert extra == {"label_smoothed_cross_entropy", "adam_step"} and extra <= set(bench_ops.TIMED_ELSEWHERE)
+    nbytes = bench_ops.ideal_bytes(s, 4)
+    assert set(nbytes) == OPS | extra
+    for name, inputs, grad_out, ours, _, _, bf, bb in every:
+        assert len(nbytes[name]) == (1 if grad_out is None else 2) and bf > 0, name
+        if name in extra:
+            y = ours(*inputs)
+            if grad_out is not None:
+                torch.autograd.backward(y, grad_out)
+            else:
+                assert bb is None
+
+
 @pytest.mark.cuda
 def test_kernel_seconds_matches_events_on_a_copy():
     src = torch.randn(64 << 20, device="cuda")  # 256 MB: the copy's wall time is its kernel time

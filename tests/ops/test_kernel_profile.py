@@ -3,6 +3,7 @@ parser, the kernel names ptxas and the emulated device share, the ideal bytes an
 import pytest
 
 from scripts import bench_ops
+from scripts.kernel_profile import launches
 from scripts.kernel_profile import occupancy as occ
 from scripts.kernel_profile import roofline
 from scripts.kernel_profile.resources import Resources, parse_ptxas, short_name
@@ -77,6 +78,18 @@ def test_ideal_bytes_and_prediction():
     assert p.seconds == pytest.approx(p.bound + 3e-6) and 0.9 < p.fraction < 1
     # a compute-bound op: the flops' time replaces the bandwidth bound
     assert roofline.predict(h200, 1e6, 0, fp32_flops=67e9).seconds == pytest.approx(1e-3)
+
+
+def test_ideal_bytes_of_the_loss_and_the_adam_step():
+    large = bench_ops.SHAPES["large"]
+    n, v = 65536, 32000
+    nbytes = bench_ops.ideal_bytes(large, 2)
+    # logits read (+ targets, loss, nll, lse); logits read and their gradient written (+ targets, dloss, dnll, lse)
+    assert nbytes["label_smoothed_cross_entropy"] == (n * v * 2 + 20 * n, 2 * n * v * 2 + 20 * n)
+    params = bench_ops.adam_params(large)
+    assert 205e6 < params < 215e6  # Transformer-big's
+    assert nbytes["adam_step"] == (26 * params,)  # fp32 params and state read and written, fp16 grads read
+    assert bench_ops.adam_params(launches.reduced(large, 1)) == 12 * 2**20 + 13 * 1024  # the sample: an encoder layer
 
 
 def test_gpu_times_row_puts_the_prediction_beside_the_measurement():
