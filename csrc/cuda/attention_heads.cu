@@ -19,6 +19,9 @@ namespace {
 constexpr int kSplitThreads = 256;
 constexpr int kColThreads = 256;
 constexpr int kVecThreads = 128;        // threads of a vector-path block
+// split_launch_shape rounds a block's width up to whole warps, at most kVecThreads: a partial warp would
+// leave it wider than kVecThreads and the block with no rows (kVecThreads / tx == 0).
+static_assert(kVecThreads % 32 == 0, "attention_heads.cu: kVecThreads must be a multiple of the warp size (32)");
 constexpr int64_t kMinRowsPerChunk = 32;
 constexpr int64_t kTargetChunks = 512;  // few chunks: the partial sums stay small (<= 512 rows of floats)
 

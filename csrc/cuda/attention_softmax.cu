@@ -28,6 +28,9 @@ namespace cuda {
 namespace {
 
 constexpr int kVecThreads = 128;        // threads of a vector-path block
+// The vector kernels give each row G <= 32 lanes of a warp and kVecThreads / G rows to a block, and their
+// shuffles take whole warps: a partial warp would share a row with the next block.
+static_assert(kVecThreads % 32 == 0, "attention_softmax.cu: kVecThreads must be a multiple of the warp size (32)");
 constexpr int kMaxVecSoftmaxTk = 1024;  // longest row the register-resident softmax holds
 
 int softmax_threads(int64_t Tk) { return Tk <= 1024 ? 128 : 256; }

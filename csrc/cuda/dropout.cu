@@ -34,9 +34,13 @@ constexpr int kThreads = 256;
 constexpr int kColThreads = 256;
 constexpr int kRowsPerChunk = 64;  // general backward: rows per chunk; also sizes the workspace
 constexpr int64_t kMaxGridY = 65535;
-// Fast backward: a block chunk is by * R rows with by = kThreads / bx >= kThreads / kMaxVecCols = 8 and
-// R >= 8, so it is never smaller than kRowsPerChunk and the general workspace size covers it.
+// Fast kernels: a block is bx * by threads, bx a power of two up to kMaxVecCols and by = kThreads / bx.
+// Fast backward: a block chunk is by * R rows, R raised where by is small so that a chunk is never
+// smaller than kRowsPerChunk: the general workspace size then covers its partial rows.
 constexpr int kMaxVecCols = 32;
+static_assert(kThreads % kMaxVecCols == 0,
+              "dropout.cu: kThreads must be a multiple of kMaxVecCols, or the fast kernels' blocks "
+              "(bx * (kThreads / bx) threads) have fewer threads than their loops and shared sums assume");
 
 // The Philox groups covering stream elements offset .. offset+n-1: the first, and how many.
 __device__ __forceinline__ uint64_t first_group(const DropoutParams& d) { return d.offset >> 2; }
@@ -368,8 +372,11 @@ void launch_bwd(const void* dy, const void* x, const void* bias, void* dx, void*
     const int vec_cols = static_cast<int>(cols / Pack<T>::kN);
     const int bx = vec_block_x(vec_cols), by = kThreads / bx;
     // Rows per thread from the shape only: 8 keeps enough blocks at ~4k rows, 16 halves the partial
-    // buffer (rows / (16 * by) chunks) at large row counts.
-    const int rpt = rows >= 16384 ? 16 : 8;
+    // buffer (rows / (16 * by) chunks) at large row counts. At least kRowsPerChunk / by: the workspace
+    // holds num_chunks(rows) partial rows, so a chunk must not be smaller than kRowsPerChunk rows.
+    const int min_rpt = (kRowsPerChunk + by - 1) / by;
+    int rpt = rows >= 16384 ? 16 : 8;
+    if (rpt < min_rpt) rpt = min_rpt;
     const int64_t chunk_rows = static_cast<int64_t>(by) * rpt;  // >= kRowsPerChunk: fits the workspace
     chunks = (rows + chunk_rows - 1) / chunk_rows;
     if (chunks > 0) {

@@ -20,6 +20,10 @@ namespace {
 
 constexpr int kFwdThreads = 128;
 constexpr int kBwdThreads = 128;
+// The fast forward gives a row tpr threads, the least power of two that covers its packs or reaches
+// kFwdThreads, and a block kFwdThreads / tpr rows: with any other kFwdThreads, tpr could exceed it (a block
+// of no rows) or leave threads past the block's last row (on the next block's).
+static_assert((kFwdThreads & (kFwdThreads - 1)) == 0, "embedding.cu: kFwdThreads must be a power of two");
 constexpr unsigned kMaxGrid = 65535u * 16u;
 
 // Prints the bad id and the limit once per warp that meets it, then fails a device assert (as PyTorch's
