@@ -8,14 +8,15 @@
 // per query, writes rowsum(P * dP) = dout . out to the workspace and dq; kernel 2, per key, reads it and writes
 // dk, dv. Every output row has one writer: no atomics, deterministic.
 //
-// Which CUDA path is meant to serve packed training on a GPU (a design note, not a measurement): the kernels here
-// are the reference implementation on the device and the path whenever the padded run's dropout masks must be
-// reproduced exactly (attention dropout on): they draw each probability's keep bit from the padded problem's
-// Philox element, which no fused library kernel can. With attention dropout off, torch's flash / memory-efficient
-// varlen attention (cumulative sequence lengths, fp16/bf16) is the faster path for long sentences, since it tiles
-// q, k, v through shared memory and tensor cores where these warps re-read k and v from L2 per query; with
-// attention dropout on, torch's fused kernels draw their own masks from torch's CUDA generator, so they can serve
-// only as the documented exception to "packed equals padded", as torch SDPA is for the padded path today.
+// Which CUDA path serves packed training on a GPU: torch's flash varlen kernel, wherever it applies (attention
+// modes auto and flash; fp16/bf16, head dims a multiple of 8 up to 256, sm_80 or newer: use_flash in
+// modules/multihead_attention.py), with its masks drawn from torch's CUDA generator. The kernels here are the
+// path where it does not (fp32, other head dims) and under --ls-attention explicit, where the padded run's
+// dropout masks must be reproduced exactly: they draw each probability's keep bit from the padded problem's
+// Philox element, which no fused library kernel can. Off the fast path they stay plain: each lane reads its own
+// key row over the head dim (dot_shared), 2 bytes of each 32-byte sector a request (9-12% sector efficiency in
+// the kernel profile, the rest of each sector served by L1 to the following requests); a tiled kernel through
+// shared memory and tensor cores is what flash already is.
 #include "../kernels/varlen_attention.h"
 
 #include <type_traits>

@@ -5,9 +5,9 @@ probabilities from q, k and the log-sum-exp and regenerates the dropout mask, so
 kept. The packing metadata (cu_seqlens, max lengths, VarlenCoords) is made once per batch where the
 lengths are known (on the host) and handed to every layer: the op itself never reads it back from a GPU.
 
-On CUDA these kernels are the path that reproduces the padded run's attention-dropout masks; where attention
-dropout is off, torch's flash / memory-efficient varlen attention is the one meant for long sentences (the
-design note at the top of csrc/cuda/varlen_attention.cu says why).
+On CUDA, packed attention runs torch's flash varlen kernel wherever it applies (modules.multihead_attention's
+use_flash); these kernels serve where it does not (fp32, other head dims) and `--ls-attention explicit`, the path
+that reproduces the padded run's attention-dropout masks (the note at the top of csrc/cuda/varlen_attention.cu).
 """
 __all__ = ["VarlenCoords", "varlen_attention"]
 
